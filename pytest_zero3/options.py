@@ -1,0 +1,94 @@
+"""Command-line options and ini settings of the ``zero3`` group, and their validation.
+
+Every bad value is turned into a :class:`pytest.UsageError` at configure time, before collection and
+before any world starts, with a message that names the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+import pytest
+
+from pytest_zero3 import impl
+
+DEFAULT_TIMEOUT = 180.0
+
+
+def add_options(parser) -> None:
+    group = parser.getgroup("zero3", "ZeRO-3 conformance (pytest-zero3)")
+    group.addoption("--zero3-impl", default="installed", metavar="SPEC",
+                    help="Implementation under test: 'installed' (default), 'reference', a DeepSpeed checkout "
+                         "directory, or a coordinator class as 'module.path:Class' or 'path/to/file.py:Class'.")
+    group.addoption("--zero3-world-size", type=int, default=2, metavar="N",
+                    help="Number of ranks in each scenario's world (default 2).")
+    group.addoption("--zero3-backend", default="auto", choices=("auto", "gloo", "nccl"),
+                    help="torch.distributed backend: auto picks nccl when there are at least N GPUs, else gloo.")
+    group.addoption("--zero3-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                    help=f"Seconds one scenario may run before its ranks are reported hung (default {DEFAULT_TIMEOUT:g}).")
+    group.addoption("--zero3-select", default=None, metavar="IDS",
+                    help="Run only the contracts whose ID starts with one of these comma-separated prefixes "
+                         "(e.g. '000,001-a').")
+    group.addoption("--zero3-report", default=None, metavar="PATH",
+                    help="Write the conformance results as JSON to PATH.")
+    group.addoption("--zero3-report-md", default=None, metavar="PATH",
+                    help="Write the conformance results as Markdown to PATH (for a CI job summary).")
+    group.addoption("--zero3-expect", default=None, metavar="FILE",
+                    help="TOML file of contract IDs known to fail for this implementation, each with a reason.")
+    group.addoption("--zero3-strict", action="store_true", default=False,
+                    help="Fail the run when a contract listed in --zero3-expect unexpectedly passes.")
+
+
+@dataclasses.dataclass
+class Settings:
+    spec: impl.Spec
+    world_size: int
+    backend: str  # "auto" until the first world resolves it
+    timeout: float
+
+
+def settings_from(config) -> Settings:
+    """Validate the options; raise :class:`pytest.UsageError` naming the fix."""
+    opt = config.getoption
+    try:
+        spec = impl.parse(opt("--zero3-impl"))
+    except impl.SpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    size = opt("--zero3-world-size")
+    if size < 1:
+        raise pytest.UsageError(f"--zero3-world-size={size}: a world needs at least 1 rank.")
+    timeout = opt("--zero3-timeout")
+    if not timeout > 0:
+        raise pytest.UsageError(f"--zero3-timeout={timeout:g}: give a positive number of seconds.")
+    backend = opt("--zero3-backend")
+    if backend == "nccl":
+        gpus = gpu_count()
+        if gpus < size:
+            raise pytest.UsageError(f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
+                                    f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size.")
+    impl.prepare_process(spec)
+    if spec.kind == "class":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu" if backend != "nccl" and gpu_count() < size else "cuda")
+        try:
+            impl.load_class(spec)
+        except impl.SpecError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return Settings(spec, size, backend, timeout)
+
+
+def gpu_count() -> int:
+    """GPUs visible to this process, counted without initialising CUDA here."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def resolve_backend(settings: Settings, size: int) -> str:
+    """The backend for a world of ``size`` ranks; sets DS_ACCELERATOR to match before any rank starts."""
+    backend = settings.backend
+    if backend == "auto":
+        backend = "nccl" if gpu_count() >= size else "gloo"
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if backend == "nccl" else "cpu")
+    return backend

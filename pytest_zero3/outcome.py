@@ -1,0 +1,86 @@
+"""Per-rank outcomes of one scenario run and the failure text built from them.
+
+A rank writes exactly one :class:`RankOutcome` (pickled) when its scenario returns or raises; a rank
+that hangs or dies writes none, and the parent fills in what it observed (exit code, signal, the
+faulthandler stack).  Everything here is plain data so it pickles across the process boundary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import Any, List, Optional
+
+PASSED = "passed"
+RAISED = "raised"
+SKIPPED = "skipped"
+UNSUPPORTED = "unsupported"
+HUNG = "hung"
+DIED = "died"
+STOPPED = "stopped"  # killed by the harness after another rank failed
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    rank: int
+    status: str
+    value: Any = None
+    message: str = ""  # exception summary, skip/unsupported reason, or death cause
+    traceback: str = ""  # formatted Python traceback (raised) or faulthandler stack (hung/died)
+    log_tail: str = ""  # last lines the rank wrote to stdout/stderr
+    identity: dict = dataclasses.field(default_factory=dict)  # what the rank ran: see impl.identity()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == PASSED
+
+    def describe(self) -> str:
+        head = f"rank {self.rank}: {self.status}"
+        if self.message:
+            head += f": {self.message}"
+        parts = [head]
+        if self.traceback:
+            parts.append(_indent(_trim_harness_frames(self.traceback).rstrip()))
+        if self.log_tail and self.status not in (PASSED, SKIPPED):
+            parts.append(_indent("--- rank output (tail) ---\n" + self.log_tail.rstrip()))
+        return "\n".join(parts)
+
+
+def death_message(exitcode: Optional[int]) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exited with code {exitcode} before reporting a result"
+
+
+def failure_text(outcomes: List[RankOutcome], title: str) -> str:
+    """The text of a failed world: a one-line verdict per rank, then each rank's details."""
+    lines = [title, ""]
+    lines += [f"  rank {o.rank}: {o.status}" + (f": {o.message.splitlines()[0]}" if o.message else "")
+              for o in outcomes]
+    lines.append("")
+    for o in outcomes:
+        if o.status != PASSED:
+            lines.append(o.describe())
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_HARNESS_FRAMES = ("/multiprocessing/", "pytest_zero3/rank.py", 'File "<string>"')
+
+
+def _trim_harness_frames(stack: str) -> str:
+    """Drop the harness's own frames (rank bootstrap, multiprocessing) from a faulthandler stack."""
+    lines = stack.splitlines()
+    if lines and lines[0].startswith("Traceback"):
+        return stack  # a Python traceback: the rank already left out its own frame
+    return "\n".join(line for line in lines
+                     if not (line.lstrip().startswith("File ") and any(h in line for h in _HARNESS_FRAMES)))
+
+
+def _indent(text: str, pad: str = "    ") -> str:
+    return "\n".join(pad + line for line in text.splitlines())

@@ -1,0 +1,65 @@
+"""What a scenario function may use while it runs on a rank.
+
+Scenario functions are plain module-level functions executed on every rank by
+``zero3_world.run``.  They can use torch.distributed directly (the process group is
+initialised before they start); this module adds the few things every scenario needs:
+
+* :func:`rank` / :func:`world_size` / :func:`device`;
+* :func:`agree`: an assertion that all ranks take together, so one rank's failed check is
+  reported on every rank as that check instead of leaving the others waiting in a collective;
+* :func:`unsupported`: declares that the implementation under test lacks a feature the contract
+  needs (reported as ``unsupported`` with the reason, never as a silent skip);
+* ``pytest.skip(reason)`` works as usual and is reported as a skip when every rank skips.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class Unsupported(Exception):
+    """The implementation under test does not offer what the contract needs."""
+
+
+def rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank()
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size()
+
+
+def device():
+    """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu``."""
+    import torch
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def unsupported(reason: str) -> None:
+    """Stop the scenario: the implementation lacks a feature (e.g. the config rejects its keys)."""
+    raise Unsupported(reason)
+
+
+def gather(obj: Any) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    import torch.distributed as dist
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def agree(ok: bool, message: str = "") -> None:
+    """Assert ``ok`` on every rank at once.
+
+    All ranks must call it at the same point.  If any rank's check fails, every rank raises
+    ``AssertionError`` naming the ranks that failed and their messages.
+    """
+    verdicts = gather((bool(ok), "" if ok else str(message)))
+    bad = [(r, msg) for r, (good, msg) in enumerate(verdicts) if not good]
+    if bad:
+        raise AssertionError("\n".join(f"[rank {r}] {msg}" for r, msg in bad))

@@ -1,0 +1,170 @@
+"""``zero3_world``: run one scenario function on every rank of a fresh torch.distributed world.
+
+The parent (the pytest process) forks ``world_size`` rank processes, then waits on their exit with
+a deadline.  It never blocks on a rank: outcomes come back through files (see
+:mod:`pytest_zero3.rank`).  When a rank raises or dies, the others get a short grace period to
+finish (they usually fail fast in their next collective) and are then stopped.  When the deadline
+passes, every live rank is asked for its Python stack (faulthandler on SIGUSR1), and killed.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import signal
+import sys
+import time
+import zlib
+from multiprocessing.connection import wait
+from typing import Any, Callable, List
+
+import pytest
+
+from pytest_zero3 import rank as rank_mod
+from pytest_zero3 import spawner
+from pytest_zero3.outcome import (DIED, HUNG, PASSED, SKIPPED, STOPPED, UNSUPPORTED, RankOutcome,
+                                  death_message, failure_text)
+
+#: Seconds the other ranks may still run after one rank failed.
+GRACE_SECONDS = 5.0
+_run_ids = itertools.count()
+
+
+class WorldFailure(Exception):
+    """A scenario did not pass on every rank; ``outcomes`` holds what each rank did."""
+
+    def __init__(self, text: str, outcomes: List[RankOutcome]):
+        super().__init__(text)
+        self.outcomes = outcomes
+
+
+class World:
+    """A world of ``size`` ranks under one implementation; each :meth:`run` forks fresh ranks."""
+
+    def __init__(self, size: int, backend: str, timeout: float, spec_text: str, base_dir: str,
+                 preload=(), on_outcomes: Callable[[List[RankOutcome]], None] = None):
+        self.size, self.backend, self.timeout = size, backend, timeout
+        self.spec_text, self.base_dir, self.preload = spec_text, base_dir, list(preload)
+        self._on_outcomes = on_outcomes
+
+    def run(self, fn: Callable, *args, **kwargs) -> List[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank return values in rank order.
+
+        ``fn`` must be a module-level function (it is pickled by reference).  Fails the test with
+        every rank's outcome when any rank raises, hangs past the timeout, or dies; skips when every
+        rank skipped; reports ``unsupported`` when a rank declared the feature unsupported.
+        """
+        outcomes = self.outcomes(fn, *args, **kwargs)
+        if self._on_outcomes is not None:
+            self._on_outcomes(outcomes)
+        return settle(outcomes, fn)
+
+    def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
+        """Like :meth:`run` but returns the raw per-rank outcomes instead of judging them."""
+        run_dir = os.path.join(self.base_dir, f"run{next(_run_ids)}")
+        os.makedirs(run_dir)
+        job = dict(run_dir=run_dir, parent_pid=os.getpid(), sys_path=list(sys.path), spec=self.spec_text,
+                   world_size=self.size, backend=self.backend, timeout=self.timeout,
+                   port=20000 + zlib.crc32(run_dir.encode()) % 40000,
+                   call=pickle.dumps((fn, args, kwargs)))
+        payload = pickle.dumps(job)
+        ctx = spawner.context(self.preload)
+        procs = [spawner.start(ctx, rank_mod.main, (payload, r)) for r in range(self.size)]
+        try:
+            return _collect(procs, run_dir, self.timeout)
+        finally:
+            for proc in procs:
+                spawner.kill(proc)
+
+
+def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
+    """Turn outcomes into return values, a skip, an unsupported declaration, or a failure."""
+    statuses = {o.status for o in outcomes}
+    if statuses == {PASSED}:
+        return [o.value for o in outcomes]
+    if statuses == {SKIPPED}:
+        pytest.skip(outcomes[0].message)
+    unsupported = [o for o in outcomes if o.status == UNSUPPORTED]
+    if unsupported and statuses <= {UNSUPPORTED, PASSED, SKIPPED, STOPPED}:
+        from pytest_zero3.scenario import Unsupported
+        raise Unsupported(unsupported[0].message)
+    name = getattr(fn, "__qualname__", repr(fn))
+    raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"),
+                       outcomes)
+
+
+def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
+    files = [rank_mod.paths(run_dir, r) for r in range(len(procs))]
+    outcomes: List[RankOutcome] = [None] * len(procs)
+    deadline = time.monotonic() + timeout
+    first_failure_at = None
+    while True:
+        live = [p for r, p in enumerate(procs) if outcomes[r] is None]
+        if not live:
+            break
+        now = time.monotonic()
+        stop_at = deadline if first_failure_at is None else min(deadline, first_failure_at + GRACE_SECONDS)
+        if now >= stop_at:
+            reason = HUNG if first_failure_at is None else STOPPED
+            _stop_live(procs, files, outcomes, reason, timeout, now - (first_failure_at or now))
+            break
+        wait([p.sentinel for p in live], timeout=stop_at - now)
+        for r, proc in enumerate(procs):
+            if outcomes[r] is None and proc.exitcode is not None:
+                outcomes[r] = _read_outcome(r, proc, files[r])
+                if not outcomes[r].ok and first_failure_at is None:
+                    first_failure_at = time.monotonic()
+    return outcomes
+
+
+def _read_outcome(r: int, proc, f: dict) -> RankOutcome:
+    if os.path.exists(f["result"]):
+        with open(f["result"], "rb") as fh:
+            outcome = pickle.load(fh)
+    else:
+        outcome = RankOutcome(r, DIED, message=death_message(proc.exitcode), traceback=_read(f["stack"]))
+    if not outcome.ok:
+        outcome.log_tail = _tail(f["log"])
+    return outcome
+
+
+def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
+    """Ask every live rank for its stack, then kill it."""
+    live = [r for r in range(len(procs)) if outcomes[r] is None]
+    for r in live:
+        try:
+            os.kill(procs[r].pid, rank_mod.STACK_SIGNAL)
+        except ProcessLookupError:
+            pass
+    for r in live:
+        _wait_for_stack(files[r]["stack"])
+        spawner.kill(procs[r])
+        if reason == HUNG:
+            message = f"still running after the {timeout:g} s timeout (raise it with --zero3-timeout)"
+        else:
+            message = f"stopped {waited:.1f} s after another rank failed"
+        outcomes[r] = RankOutcome(r, reason, message=message, traceback=_read(files[r]["stack"]),
+                                  log_tail=_tail(files[r]["log"]))
+
+
+def _wait_for_stack(path: str, limit: float = 3.0) -> None:
+    """Poll until faulthandler has written a stack and stopped growing (it writes synchronously)."""
+    end, last = time.monotonic() + limit, -1
+    while time.monotonic() < end:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if size and size == last:
+            return
+        last = size
+        time.sleep(0.05)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    return "\n".join(_read(path).splitlines()[-lines:])

@@ -1,0 +1,406 @@
+"""ReferenceCoordinator: a clean ZeRO-3 parameter coordinator for deepspeed's hooks.
+
+The life of a ZeRO-3 parameter, and who moves it
+-----------------------------------------------
+* **NOT_AVAILABLE (partitioned).** Each rank holds only its shard (``param.ds_tensor``);
+  ``param.data`` is empty. This is the resting state between steps.
+* **INFLIGHT.** An all-gather was issued and its handle sits in the inflight registry (shared by
+  every coordinator of the root module). The coordinator issues it either on demand, when a module's
+  pre-forward/pre-backward hook calls :meth:`fetch_sub_module`, or ahead of time, when the recorded
+  trace says the parameter is used soon (prefetch, bounded by the prefetch bucket and by
+  ``max_live_parameters``).
+* **AVAILABLE.** The full tensor is present. :meth:`fetch_sub_module` returns only once every
+  parameter of the module is AVAILABLE, and adds the module's ``ds_id`` to
+  ``param.ds_active_sub_modules``: while that set is non-empty nobody may partition the parameter.
+* **Released (back to NOT_AVAILABLE).** The post-forward/post-backward hook calls
+  :meth:`release_sub_module`: the module drops its claim and, if no claim is left, the parameter is
+  partitioned, unless the reuse-distance scan of the trace sees it used again within
+  ``stage3_max_reuse_distance`` elements (then it stays AVAILABLE for that reuse) or it is
+  persistent. With no complete trace every parameter is released at once. The safety nets are
+  :meth:`release_backward_leftovers` (end of backward: modules whose post-backward hook never fired)
+  and :meth:`release_and_reset_all` (optimizer step, checkpointing: everything).
+
+Activation-checkpoint recompute (non-reentrant) runs forward hooks *inside* backward. Two claims
+must then survive the recompute's forward release:
+* a frozen parameter is held by checkpoint without detaching, so it is attributed to the module
+  whose backward triggered the recompute (``module.ds_recompute_parameters``) and released with
+  that module's backward release (or by :meth:`release_backward_leftovers`);
+* a module whose backward is running (its gradients are not accumulated yet) keeps its parameters:
+  a recompute that runs that same module's forward again (e.g. with checkpoint early-stop off)
+  must not partition them under the running backward.
+"""
+
+import collections
+import threading
+from contextlib import nullcontext
+from typing import Deque, Dict, Iterable, List, Optional, Set
+
+import torch
+from torch.nn import Module, Parameter
+
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+from deepspeed.runtime.zero.partition_parameters import AllGatherCoalescedHandle, ZeroParamStatus
+from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry, iter_params
+from deepspeed.utils import logger, z3_leaf_module
+
+from .adaptive import AdaptivePrefetchBucket
+from .trace import Trace, module_params
+
+DEFAULT_ADAPTIVE_MAX = int(1e9)
+MAX_ONGOING_FETCH_EVENTS = 2  # bound on queued all-gathers where the device has no back-pressure
+
+
+def _in_autograd_backward() -> bool:
+    """True while the autograd engine runs a backward on this thread, i.e. a forward hook that fires
+    now belongs to an activation-checkpoint recompute."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _swapped_out_to_nvme(param: Parameter) -> bool:
+    return (param.nvme_swapper is not None and param.ds_tensor.final_location == OffloadDeviceEnum.nvme
+            and param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE)
+
+
+class ReferenceCoordinator:
+    """Drop-in for deepspeed's ``PartitionedParameterCoordinator`` (see the module docstring).
+
+    Trace modes: *invalid* (nothing known; the next pass records), *record* (this pass appends every
+    fetched module), *complete* (a rank-agreed trace drives prefetch and release). A module that
+    differs from the trace at its step invalidates it; the following pass records a new one.
+    """
+
+    def __init__(self,
+                 prefetch_bucket_sz: int,
+                 max_reuse_distance_in_numel: int,
+                 max_available_parameters_in_numel: int,
+                 allgather_stream,
+                 inflight_param_registry: InflightParamRegistry,
+                 prefetch_nvme: bool = False,
+                 timers=None,
+                 zero_quantized_weights: bool = False,
+                 zero_quantized_nontrainable_weights: bool = False,
+                 fast_sharding_for_leaf_module: bool = False,
+                 log_trace_cache_warnings: bool = False,
+                 adaptive_prefetch: bool = False,
+                 adaptive_prefetch_min_sz: int = 0,
+                 adaptive_prefetch_max_sz: int = DEFAULT_ADAPTIVE_MAX,
+                 dp_process_group=None,
+                 **ignored) -> None:
+        self.hierarchy = 0  # written by stage3.step(); kept for protocol compatibility
+        self.zero_quantized_weights = zero_quantized_weights
+        self.zero_quantized_nontrainable_weights = zero_quantized_nontrainable_weights
+        self.fast_sharding_for_leaf_module = fast_sharding_for_leaf_module
+        self._registry = inflight_param_registry
+        self._allgather_stream = allgather_stream
+        self._max_reuse_distance = int(max_reuse_distance_in_numel)
+        self._max_live_numel = int(max_available_parameters_in_numel)
+        self._static_bucket = int(prefetch_bucket_sz)
+        self._prefetch_nvme = prefetch_nvme
+        self._log_trace_warnings = log_trace_cache_warnings
+        self.adaptive: Optional[AdaptivePrefetchBucket] = (AdaptivePrefetchBucket(
+            prefetch_bucket_sz, adaptive_prefetch_min_sz, adaptive_prefetch_max_sz, group=dp_process_group)
+                                                           if adaptive_prefetch else None)
+
+        self._mode = "invalid"
+        self._recording: List[Module] = []
+        self._trace: Optional[Trace] = None
+        self._step = 0
+        self._cursor = 0  # next unconsumed entry of the trace's parameter uses
+        self._live: Dict[Parameter, None] = {}  # params this coordinator gathered and not yet released
+        self._live_numel = 0
+        # NVMe only: a param skipped by prefetch because it was resident stays until that use, so the
+        # swap-in buffers keep the trace's order (releasing it also returns its buffer).
+        self._nvme_keep_until: Dict[Parameter, int] = {}
+        self._active_backward: Dict[int, Module] = {}  # modules between pre- and post-backward hook
+        self._fetch_events: Deque = collections.deque()
+        # z3 leaf modules may get their pre-backward hook from several autograd threads at once
+        self._leaf_lock = threading.Lock()
+        self._leaf_fetches: Dict[int, threading.Event] = {}
+
+    # ------------------------------------------------------------------ trace lifecycle
+
+    def is_complete_trace(self) -> bool:
+        return self._mode == "complete"
+
+    def is_record_trace(self) -> bool:
+        return self._mode == "record"
+
+    def is_invalid_trace(self) -> bool:
+        return self._mode == "invalid"
+
+    @property
+    def prefetch_bucket_size(self) -> int:
+        """The bucket (in elements) the next prefetch will use."""
+        return self.adaptive.size if self.adaptive is not None else self._static_bucket
+
+    def _invalidate_trace(self) -> None:
+        """Forget the trace and everything derived from it; the next pass records a new one."""
+        self._mode = "invalid"
+        self._trace = None
+        self._recording = []
+        self._cursor = 0
+        self._nvme_keep_until.clear()
+        if self.adaptive is not None:
+            self.adaptive.reset()
+        self._drain_inflight()
+
+    def trace_prologue(self, module: Module) -> None:
+        if self.is_complete_trace() and not self._trace.matches(self._step, module):
+            expected = (self._trace.modules[self._step].ds_id if self._step < len(self._trace.modules) else "end")
+            message = (f"ZeRO-3 trace invalidated at step {self._step}: expected module {expected}, "
+                       f"got {module.ds_id}")
+            (logger.warning if self._log_trace_warnings else logger.debug)(message)
+            self._invalidate_trace()
+
+    def record_module(self, module: Module) -> None:
+        if not self.is_record_trace():
+            raise RuntimeError(f"record_module called while the trace is {self._mode}")
+        self._recording.append(module)
+
+    def reset_step(self) -> None:
+        """Start of a forward pass (root pre-forward hook): close the previous pass."""
+        self._drain_inflight()
+        if self._mode == "record":
+            Trace.check_same_on_all_ranks(self._recording)
+            self._trace = Trace(self._recording)
+            self._recording = []
+            self._mode = "complete"
+            if self.adaptive is not None:
+                self.adaptive.reset()
+        elif self._mode == "invalid":
+            self._mode = "record"
+        self._step = 0
+        self._cursor = 0
+        self._nvme_keep_until.clear()
+        self._leaf_fetches.clear()
+        for param in [p for p in self._live if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]:
+            self._forget_live(param)
+
+    # ------------------------------------------------------------------ fetch
+
+    @torch.no_grad()
+    def fetch_sub_module(self, module: Module, forward: bool) -> None:
+        """Make every parameter of ``module`` AVAILABLE and claim it, then prefetch along the trace."""
+        is_leaf = z3_leaf_module(module)
+        if is_leaf and not forward:
+            with self._leaf_lock:
+                running = self._leaf_fetches.get(module.ds_id)
+                if running is None:
+                    self._leaf_fetches[module.ds_id] = threading.Event()
+            if running is not None:  # another autograd thread is fetching this leaf already
+                running.wait()
+                return
+        if not forward:
+            self._active_backward[module.ds_id] = module
+        try:
+            self._fetch(module, forward, is_leaf)
+        finally:
+            if is_leaf and not forward:
+                with self._leaf_lock:
+                    done = self._leaf_fetches.pop(module.ds_id, None)
+                if done is not None:
+                    done.set()
+
+    def _fetch(self, module: Module, forward: bool, is_leaf: bool) -> None:
+        params = set(module_params(module))
+        self._all_gather(params)
+
+        fast_fetch = self.fast_sharding_for_leaf_module and is_leaf
+        recompute_owner = self._recompute_owner(forward)
+        sampling = self.adaptive is not None and self.is_complete_trace()
+        with self.adaptive.measure_wait() if sampling else nullcontext():
+            for param in params:
+                param.ds_active_sub_modules.add(module.ds_id)
+                if recompute_owner is not None and not param.requires_grad:
+                    recompute_owner.ds_recompute_parameters.add(param)
+                    param.ds_active_sub_modules.add(recompute_owner.ds_id)
+                handle = self._registry.pop(param, None)
+                if handle is not None:
+                    self._wait(handle, fast_fetch)
+            accelerator = get_accelerator()
+            if not accelerator.resolves_data_dependency():
+                accelerator.current_stream().wait_stream(self._allgather_stream)
+        for param in params:
+            if param.ds_status != ZeroParamStatus.AVAILABLE:
+                raise RuntimeError(f"fetch left {param.ds_summary()} unavailable")
+        if fast_fetch:
+            AllGatherCoalescedHandle.free_buffer()
+
+        if self.is_complete_trace():
+            if sampling:
+                self.adaptive.fetch_done()
+            self._consume_current_step()
+            self._prefetch()
+        self._step += 1
+
+    def _recompute_owner(self, forward: bool) -> Optional[Module]:
+        """During a checkpoint recompute, the backward module the recomputed frozen params belong to."""
+        if forward and self._active_backward and _in_autograd_backward():
+            return next(reversed(self._active_backward.values()))
+        return None
+
+    def _wait(self, handle, fast_fetch: bool) -> None:
+        accelerator = get_accelerator()
+        with accelerator.stream(self._allgather_stream):
+            while self._fetch_events and self._fetch_events[0].query():
+                self._fetch_events.popleft()
+            if len(self._fetch_events) > MAX_ONGOING_FETCH_EVENTS:
+                self._fetch_events.popleft().synchronize()
+            handle.wait(handle_dependency=not fast_fetch)
+            if not accelerator.handles_memory_backpressure() and not fast_fetch:
+                event = accelerator.Event()
+                event.record()
+                self._fetch_events.append(event)
+
+    def _consume_current_step(self) -> None:
+        """Move the prefetch cursor past this step's own uses: they are being served right now."""
+        uses = self._trace.param_uses
+        while self._cursor < len(uses) and uses[self._cursor].step <= self._step:
+            self._cursor += 1
+
+    def _prefetch(self) -> None:
+        """Issue all-gathers for upcoming uses, in trace order, within the bucket and live budget."""
+        budget = min(self.prefetch_bucket_size, self._max_live_numel - self._live_numel)
+        uses = self._trace.param_uses
+        batch: Set[Parameter] = set()
+        numel = 0
+        while self._cursor < len(uses) and numel < budget:
+            use = uses[self._cursor]
+            param = use.param
+            if _swapped_out_to_nvme(param):
+                break  # its partition must be swapped in first; keep the trace order
+            if param.ds_status == ZeroParamStatus.NOT_AVAILABLE and param not in batch:
+                batch.add(param)
+                numel += param.ds_numel
+            elif self._prefetch_nvme and param.ds_status == ZeroParamStatus.AVAILABLE and _on_nvme(param):
+                self._nvme_keep_until[param] = max(use.step, self._nvme_keep_until.get(param, -1))
+            self._cursor += 1
+        self._all_gather(batch)
+        if self._prefetch_nvme:
+            self._swap_in_upcoming()
+
+    def _swap_in_upcoming(self) -> None:
+        """Start NVMe reads for partitions needed after the params already in flight."""
+        inflight_numel = sum(p.ds_numel for p in self._registry)
+        considered = 0
+        swap_in = []
+        for use in self._trace.param_uses[self._cursor:]:
+            param = use.param
+            if param.nvme_swapper is None:
+                continue
+            if considered > 2 * inflight_numel or len(swap_in) >= param.nvme_swapper.available_swap_in_buffers():
+                break
+            if param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE and param not in swap_in:
+                swap_in.append(param)
+            considered += param.ds_numel
+        if swap_in:
+            swap_in[0].nvme_swapper.swap_in(swap_in, async_op=True)
+
+    def _all_gather(self, params: Iterable[Parameter]) -> None:
+        """Issue coalesced all-gathers for the NOT_AVAILABLE ones and register their handles."""
+        pending = [p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+        if not pending:
+            return
+        quantized = [p for p in pending if hasattr(p.ds_tensor, "ds_quant_scale")]
+        plain = [p for p in pending if not hasattr(p.ds_tensor, "ds_quant_scale")]
+        for group, quantize in ((quantized, True), (plain, self.zero_quantized_weights)):
+            # params with a valid hpZ secondary shard gather differently from those without
+            for same_kind in ([p for p in group if p.ds_secondary_tensor is not None],
+                              [p for p in group if p.ds_secondary_tensor is None]):
+                if not same_kind:
+                    continue
+                with get_accelerator().stream(self._allgather_stream):
+                    handle = same_kind[0].all_gather_coalesced(same_kind, quantize=quantize)
+                for param in same_kind:
+                    self._registry[param] = handle
+                    self._live[param] = None
+                    self._live_numel += param.ds_numel
+        persisted_on_nvme = [p for p in pending if p.ds_persist and _on_nvme(p)]
+        if persisted_on_nvme:  # never partitioned again, so their swap buffers can go now
+            persisted_on_nvme[0].nvme_swapper.remove_partition_and_release_buffers(persisted_on_nvme)
+
+    # ------------------------------------------------------------------ release
+
+    @torch.no_grad()
+    def release_sub_module(self, module: Module, forward: bool = False) -> None:
+        """Drop ``module``'s claim on its params and partition those nobody needs soon."""
+        if forward and module.ds_id in self._active_backward and _in_autograd_backward():
+            return  # recompute of a module whose backward is running: that backward still holds them
+        own = set(module_params(module))
+        if self.is_complete_trace():
+            release_ids = self._trace.params_to_release(module, self._step, self._max_reuse_distance)
+        else:
+            release_ids = frozenset(p.ds_id for p in own if not p.ds_persist)
+        if not forward:
+            recomputed = module.ds_recompute_parameters
+            release_ids = release_ids | {p.ds_id for p in recomputed if not p.ds_persist}
+            own |= recomputed
+            recomputed.clear()
+            self._active_backward.pop(module.ds_id, None)
+
+        free_data = not (self.fast_sharding_for_leaf_module and z3_leaf_module(module))
+        if not free_data:  # an empty buffer the kept .data can point to once compute is done
+            empty = torch.empty(1, device=torch.device(get_accelerator().current_device_name()))
+        for param in own:
+            param.ds_active_sub_modules.discard(module.ds_id)
+            if param.ds_id not in release_ids or param.is_external_param or self._nvme_keeps(param):
+                continue
+            self._release(param, free_data)
+            if not free_data:
+                param.data = empty
+
+    def _nvme_keeps(self, param: Parameter) -> bool:
+        return self._nvme_keep_until.get(param, -1) >= self._step
+
+    @torch.no_grad()
+    def release_backward_leftovers(self) -> None:
+        """End of backward: release for every module whose post-backward hook never fired (e.g. its
+        input did not require grad), including the frozen params attributed to it by a recompute."""
+        while self._active_backward:
+            _, module = self._active_backward.popitem()
+            params = set(module_params(module)) | module.ds_recompute_parameters
+            module.ds_recompute_parameters.clear()
+            for param in params:
+                param.ds_active_sub_modules.discard(module.ds_id)
+                if not param.ds_persist and not param.is_external_param:
+                    self._release(param)
+
+    @torch.no_grad()
+    def release_and_reset_all(self, module: Module) -> None:
+        """Partition every parameter under ``module`` and drop all claims (step boundary)."""
+        for param in iter_params(module, recurse=True):
+            handle = self._registry.pop(param, None)
+            if handle is not None:
+                handle.wait()
+            param.ds_active_sub_modules.clear()
+            self._release(param)
+        for sub in module.modules():
+            if getattr(sub, "ds_recompute_parameters", None):
+                sub.ds_recompute_parameters.clear()
+        self._active_backward.clear()
+        for param in iter_params(module, recurse=True):
+            if param.ds_status != ZeroParamStatus.NOT_AVAILABLE:
+                raise RuntimeError(f"{param.ds_summary()} expected to be released")
+
+    def _release(self, param: Parameter, free_data: bool = True) -> None:
+        if param.ds_status == ZeroParamStatus.AVAILABLE and not param.ds_active_sub_modules:
+            param.partition(free_data=free_data)
+            self._forget_live(param)
+
+    def _forget_live(self, param: Parameter) -> None:
+        if param in self._live:
+            del self._live[param]
+            self._live_numel -= param.ds_numel
+
+    def _drain_inflight(self) -> None:
+        """Complete every outstanding all-gather and release what no module claims."""
+        for param, handle in list(self._registry.items()):
+            handle.wait()
+            self._release(param)
+        self._registry.clear()
+
+
+def _on_nvme(param: Parameter) -> bool:
+    return param.nvme_swapper is not None and param.ds_tensor.final_location == OffloadDeviceEnum.nvme

@@ -1,0 +1,80 @@
+"""The recorded module trace of one forward+backward pass, and what can be derived from it.
+
+ZeRO-3 hooks call the coordinator once per submodule invocation ("step"). The first pass after an
+invalidation only learns: it records which module ran at each step. When that pass ends
+(``reset_step``) the order is checked to be identical on every rank, frozen into a :class:`Trace`,
+and from then on the coordinator can look ahead: prefetch walks the trace's parameter list, and
+release decisions scan the trace for upcoming reuse.
+
+Everything here is immutable once built, so values derived from it (the release sets) can be cached
+for exactly the lifetime of one trace and dropped with it.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Sequence, Tuple
+
+from torch.nn import Module, Parameter
+
+from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+from deepspeed.runtime.zero.utils import assert_ints_same_as_other_ranks
+from deepspeed.utils import z3_leaf_module
+
+
+def module_params(module: Module) -> List[Parameter]:
+    """Parameters a module's hooks fetch and release: its own (plus external ones), and, for a z3
+    leaf module, those of its whole subtree, since no hook fires below a leaf."""
+    return list(iter_params(module, recurse=z3_leaf_module(module)))
+
+
+@dataclass(frozen=True)
+class ParamUse:
+    """One use of a parameter by the module run at ``step`` of the trace."""
+    param: Parameter
+    step: int
+
+
+class Trace:
+    """A complete, rank-agreed order of module invocations and the parameter uses it implies."""
+
+    def __init__(self, modules: Sequence[Module]):
+        self.modules: Tuple[Module, ...] = tuple(modules)
+        uses = []
+        for step, module in enumerate(self.modules):
+            for param in sorted(set(module_params(module)), key=lambda p: p.ds_id):
+                uses.append(ParamUse(param, step))
+        self.param_uses: Tuple[ParamUse, ...] = tuple(uses)
+        self._release_cache: Dict[Tuple[int, int], FrozenSet[int]] = {}
+
+    @staticmethod
+    def check_same_on_all_ranks(modules: Sequence[Module]) -> None:
+        """Collective: every rank must have recorded the same module order, or prefetching would
+        issue different all-gathers on different ranks and hang. Raises on disagreement."""
+        assert_ints_same_as_other_ranks([m.ds_id for m in modules])
+
+    def matches(self, step: int, module: Module) -> bool:
+        return step < len(self.modules) and self.modules[step] is module
+
+    def params_to_release(self, module: Module, step: int, max_reuse_distance: int) -> FrozenSet[int]:
+        """ds_ids of ``module``'s non-persistent params that are not reused soon after ``step``.
+
+        "Soon" is the reuse-distance window: the modules run from ``step`` on, until their
+        parameters add up to ``max_reuse_distance`` elements. Each scanned module contributes the
+        params its own hooks would fetch (its own z3-leaf flag decides recursion). This scan is the
+        only thing that keeps a parameter resident past its module; distance 0 releases at once.
+
+        Cached per (module, step) for the life of this trace; the result is a frozenset so no
+        caller can alter what a later call returns.
+        """
+        key = (module.ds_id, step)
+        cached = self._release_cache.get(key)
+        if cached is None:
+            candidates = {p.ds_id for p in module_params(module) if not p.ds_persist}
+            scanned = 0
+            for upcoming in self.modules[step:]:
+                if scanned >= max_reuse_distance or not candidates:
+                    break
+                for param in module_params(upcoming):
+                    candidates.discard(param.ds_id)
+                    scanned += param.ds_numel
+            cached = self._release_cache[key] = frozenset(candidates)
+        return cached

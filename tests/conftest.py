@@ -1,0 +1,52 @@
+"""Helpers for the plugin's own tests: run pytest (the suite or a small test file) in a subprocess.
+
+The plugin's behaviour is a property of whole pytest runs (options, exit codes, reports, hangs), so
+most tests run a real ``python -m pytest`` in a subprocess and read its output and JSON report.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD = ROOT / "tests" / "bad_coordinators"
+
+pytest_plugins = ["pytester"]
+
+
+class Run:
+    def __init__(self, proc, report_path):
+        self.returncode, self.stdout = proc.returncode, proc.stdout
+        self.report = json.loads(report_path.read_text()) if report_path.exists() else None
+
+    def outcomes(self) -> dict:
+        """``{contract_id: outcome}`` from the JSON report."""
+        return {c["id"]: c["outcome"] for c in self.report["contracts"]}
+
+    def failed_ids(self) -> set:
+        return {cid for cid, out in self.outcomes().items() if out == "FAIL"}
+
+
+@pytest.fixture
+def run_pytest(tmp_path):
+    """``run_pytest(*args, cwd=...)``: run pytest in a subprocess with a JSON report; returns a :class:`Run`."""
+    def run(*args, cwd=None, timeout=900, env=None):
+        report = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
+        full_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", **(env or {}))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                               f"--zero3-report={report}", *args],
+                              cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        proc.stdout = proc.stdout + proc.stderr
+        return Run(proc, report)
+    return run
+
+
+@pytest.fixture
+def run_suite(run_pytest):
+    """``run_suite(impl, select, *extra)``: the conformance suite against ``impl`` for contracts ``select``."""
+    def run(impl, select, *extra):
+        return run_pytest(str(ROOT / "conformance"), f"--zero3-impl={impl}", f"--zero3-select={select}", *extra)
+    return run
