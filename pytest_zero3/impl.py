@@ -127,12 +127,15 @@ def apply(spec: Spec) -> None:
 def identity() -> dict:
     """What this process actually runs: deepspeed version and path, coordinator class, torch."""
     import torch
-    info = {"torch": torch.__version__}
+    import torch.distributed as dist
+    info = {"torch": str(torch.__version__)}
+    if dist.is_available() and dist.is_initialized():
+        info["backend"] = str(dist.get_backend())
     try:
         import deepspeed
         from deepspeed.runtime.zero import parameter_offload
         cls = parameter_offload.PartitionedParameterCoordinator
-        info.update(deepspeed=deepspeed.__version__, deepspeed_path=os.path.dirname(deepspeed.__file__),
+        info.update(deepspeed=str(deepspeed.__version__), deepspeed_path=os.path.dirname(deepspeed.__file__),
                     coordinator=f"{cls.__module__}.{cls.__qualname__}")
     except Exception as exc:  # reported, not fatal: the header should still print
         info["deepspeed_error"] = f"{type(exc).__name__}: {exc}"

@@ -46,6 +46,7 @@ class Settings:
     world_size: int
     backend: str  # "auto" until the first world resolves it
     timeout: float
+    resolved_backend: str = ""  # set when the first world starts
 
 
 def settings_from(config) -> Settings:
@@ -91,4 +92,5 @@ def resolve_backend(settings: Settings, size: int) -> str:
     if backend == "auto":
         backend = "nccl" if gpu_count() >= size else "gloo"
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if backend == "nccl" else "cpu")
+    settings.resolved_backend = backend
     return backend

@@ -58,16 +58,34 @@ def death_message(exitcode: Optional[int]) -> str:
 
 
 def failure_text(outcomes: List[RankOutcome], title: str) -> str:
-    """The text of a failed world: a one-line verdict per rank, then each rank's details."""
+    """The text of a failed world: a one-line verdict per rank, then the details of each distinct failure.
+
+    Ranks that failed identically (as with :func:`pytest_zero3.scenario.agree`) are shown once.
+    """
     lines = [title, ""]
     lines += [f"  rank {o.rank}: {o.status}" + (f": {o.message.splitlines()[0]}" if o.message else "")
               for o in outcomes]
     lines.append("")
+    groups = {}
     for o in outcomes:
         if o.status != PASSED:
-            lines.append(o.describe())
-            lines.append("")
+            groups.setdefault((o.status, o.message, _trim_harness_frames(o.traceback)), []).append(o)
+    for same in groups.values():
+        text = same[0].describe()
+        if len(same) > 1:
+            ranks = ", ".join(str(o.rank) for o in same)
+            text = text.replace(f"rank {same[0].rank}:", f"ranks {ranks}:", 1)
+        lines += [text, ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def first_failure(outcomes: List[RankOutcome]) -> str:
+    """One line naming the first real failure (a rank stopped by the harness is not one)."""
+    for status in (RAISED, DIED, HUNG):
+        for o in outcomes:
+            if o.status == status:
+                return f"rank {o.rank} {status}: {o.message.splitlines()[0] if o.message else ''}".rstrip(": ")
+    return "scenario failed"
 
 
 _HARNESS_FRAMES = ("/multiprocessing/", "pytest_zero3/rank.py", 'File "<string>"')

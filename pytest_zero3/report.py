@@ -80,6 +80,7 @@ def check_expectations(config, items) -> None:
 
 def on_report(item, call, rep) -> None:
     """Show world failures as their per-rank text; classify contract tests' results."""
+    from pytest_zero3.outcome import first_failure
     from pytest_zero3.world import WorldFailure
     if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(WorldFailure):
         rep.longrepr = str(call.excinfo.value)
@@ -99,7 +100,10 @@ def on_report(item, call, rep) -> None:
         rep.outcome, rep.wasxfail = "skipped", f"known failure {cid}: {reason}"
     elif rep.failed:
         status = FAIL
-        reason = (call.excinfo.exconly().splitlines() or [""])[0] if call.excinfo else ""
+        if call.excinfo is not None and call.excinfo.errisinstance(WorldFailure):
+            reason = first_failure(call.excinfo.value.outcomes)
+        elif call.excinfo is not None:
+            reason = (call.excinfo.exconly().splitlines() or [""])[0]
     elif cid in state.expected:
         status, reason = XPASS, f"listed in --zero3-expect: {state.expected[cid]}"
         if state.strict:
@@ -142,8 +146,9 @@ def logreport(rep) -> None:
 
 def _implementation(state) -> dict:
     info = impl.describe_without_import(state.settings.spec)
-    info.update({k: v for k, v in state.identity.items() if k != "torch" or v})
-    info.update(backend=state.settings.backend, world_size=state.settings.world_size)
+    info.update(backend=state.settings.resolved_backend or state.settings.backend,
+                world_size=state.settings.world_size)
+    info.update(state.identity)  # what the ranks actually ran wins over what was predicted
     return info
 
 
