@@ -1,8 +1,9 @@
 """Benchmark: deepspeed's stock ZeRO-3 coordinator against reference_impl, same model and data.
 
-Run as ``python benchmarks/coordinator.py``: it starts its own 2-rank gloo world on CPU. Each
-repetition trains a fresh engine with each coordinator in turn (the order alternates between
-repetitions so drift and warm-up effects hit both alike). Reported per coordinator:
+Run as ``python benchmarks/coordinator.py``: it starts its own 2-rank gloo world on CPU. For each
+``stage3_max_reuse_distance`` given (default: deepspeed's 1e9, then 0), each repetition trains a
+fresh engine with each coordinator in turn (the order alternates between repetitions so drift and
+warm-up effects hit both alike). Reported per coordinator:
 
 * the median step time (forward + backward + optimizer step, slowest rank per step) over all
   measured steps, and the ratio reference / stock;
@@ -30,13 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMPLS = ("stock", "reference")
 
 
-def ds_config(args):
+def ds_config(args, reuse_distance):
     return {
         "train_batch_size": args.batch * args.world,
         "zero_optimization": {
             "stage": 3,
             "stage3_param_persistence_threshold": 0,
-            "stage3_max_reuse_distance": args.reuse_distance,
+            "stage3_max_reuse_distance": reuse_distance,
             "stage3_prefetch_bucket_size": args.prefetch_bucket,
         },
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
@@ -77,7 +78,7 @@ class GatheredNumelProbe:
             handle.remove()
 
 
-def run_one(impl, args, rank):
+def run_one(impl, args, reuse_distance, rank):
     import deepspeed
     import reference_impl
     from deepspeed import comm as dist
@@ -87,7 +88,7 @@ def run_one(impl, args, rank):
     else:
         reference_impl.uninstall()
     model = build_model(args)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(args))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(args, reuse_distance))
     generator = torch.Generator().manual_seed(1234 + rank)
     batches = [(torch.randn(args.batch, args.width, generator=generator), torch.randn(args.batch, 1, generator=generator))
                for _ in range(args.warmup + args.steps)]
@@ -121,26 +122,32 @@ def worker(rank, args, store):
     logger.setLevel("ERROR")
     deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{store}", rank=rank, world_size=args.world)
 
+    if rank == 0:
+        print(f"model: {args.layers} x Linear({args.width},{args.width}), batch {args.batch}/rank, {args.world} ranks, "
+              f"prefetch bucket {args.prefetch_bucket}; {args.reps} alternating repetitions x {args.steps} "
+              f"measured steps ({args.warmup} warm-up)")
+    for reuse_distance in args.reuse_distances:
+        compare(args, reuse_distance, rank)
+
+
+def compare(args, reuse_distance, rank):
     times = {impl: [] for impl in IMPLS}
     peaks = {impl: 0 for impl in IMPLS}
     losses = {impl: [] for impl in IMPLS}
     for rep in range(args.reps):
-        order = IMPLS if rep % 2 == 0 else IMPLS[::-1]
-        for impl in order:
-            step_times, peak, rep_losses = run_one(impl, args, rank)
+        for impl in (IMPLS if rep % 2 == 0 else IMPLS[::-1]):
+            step_times, peak, rep_losses = run_one(impl, args, reuse_distance, rank)
             times[impl] += step_times
             peaks[impl] = max(peaks[impl], peak)
             losses[impl] = rep_losses
     if rank == 0:
         medians = {impl: statistics.median(times[impl]) for impl in IMPLS}
         loss_diff = max(abs(a - b) for a, b in zip(losses["stock"], losses["reference"]))
-        print(f"model: {args.layers} x Linear({args.width},{args.width}), batch {args.batch}/rank, "
-              f"{args.world} ranks, reuse distance {args.reuse_distance}, prefetch bucket {args.prefetch_bucket}")
-        print(f"{args.reps} alternating repetitions x {args.steps} measured steps ({args.warmup} warm-up)")
+        print(f"stage3_max_reuse_distance {reuse_distance}:")
         for impl in IMPLS:
-            print(f"{impl:>9}: median step {medians[impl] * 1e3:8.2f} ms   peak gathered numel {peaks[impl]:>10,}")
-        print(f"ratio reference/stock (median step time): {medians['reference'] / medians['stock']:.3f}")
-        print(f"max |loss difference|: {loss_diff:.3g}")
+            print(f"  {impl:>9}: median step {medians[impl] * 1e3:8.2f} ms   peak gathered numel {peaks[impl]:>10,}")
+        print(f"  ratio reference/stock (median step time): {medians['reference'] / medians['stock']:.3f}   "
+              f"max |loss difference|: {loss_diff:.3g}")
 
 
 def main():
@@ -152,8 +159,9 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=4)
-    parser.add_argument("--reuse-distance", type=int, default=int(1e9))
-    parser.add_argument("--prefetch-bucket", type=int, default=int(5e7))
+    parser.add_argument("--reuse-distances", type=int, nargs="+", default=[int(1e9), 0])
+    parser.add_argument("--prefetch-bucket", type=int, default=2 * 256 * 257,
+                        help="stage3_prefetch_bucket_size (default: about two layers)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(worker, args=(args, os.path.join(tmp, "store")), nprocs=args.world, start_method="spawn")

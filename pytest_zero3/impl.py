@@ -10,7 +10,9 @@ The SPEC is chosen once per pytest run and every rank reaches it through this mo
     a directory holding a ``deepspeed/`` package (a fork checkout).  It is put first on the import
     path of this process, of the forkserver and of every rank, before any of them imports deepspeed.
 ``module.path:Class`` / ``path/to/file.py:Class``
-    a coordinator class used in place of DeepSpeed's ``PartitionedParameterCoordinator``.
+    a coordinator class used in place of DeepSpeed's ``PartitionedParameterCoordinator`` in the
+    installed deepspeed, with the reference's fixes outside the coordinator (``FWD_MODULE_STACK``
+    holding modules after ``destroy()``; the adaptive-prefetch config keys) installed around it.
 """
 from __future__ import annotations
 
@@ -74,7 +76,11 @@ def parse(text: str) -> Spec:
 
 
 def prepare_process(spec: Spec) -> None:
-    """Make this process (and every process it starts) import deepspeed from the right place."""
+    """Make this process (and every process it starts) import deepspeed from the right place.
+
+    Also gives each deepspeed version its own JIT extension directory: DeepSpeed builds its CPU comm
+    op there, and two versions sharing torch's default directory load each other's builds.
+    """
     os.environ[SPEC_ENV] = spec.text
     if spec.kind == "fork":
         if sys.path[:1] != [spec.fork_dir]:
@@ -82,6 +88,10 @@ def prepare_process(spec: Spec) -> None:
         old = os.environ.get("PYTHONPATH", "")
         if not old.split(os.pathsep)[:1] == [spec.fork_dir]:
             os.environ["PYTHONPATH"] = spec.fork_dir + (os.pathsep + old if old else "")
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        version = describe_without_import(spec).get("deepspeed", "unknown")
+        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(
+            os.path.expanduser("~"), ".cache", "pytest-zero3", "torch_extensions", f"deepspeed-{version}")
 
 
 def load_class(spec: Spec):
@@ -119,9 +129,11 @@ def apply(spec: Spec) -> None:
         import reference_impl
         reference_impl.install()
     elif spec.kind == "class":
-        from deepspeed.runtime.zero import parameter_offload
-        # parameter_offload imported the class by name: patch the name it constructs.
-        parameter_offload.PartitionedParameterCoordinator = load_class(spec)
+        # The class replaces the name parameter_offload constructs (it imported the class by name, so
+        # patching the defining module would have no effect), with the reference's fixes around the
+        # coordinator, so the contracts judge the class and not DeepSpeed's leaks elsewhere.
+        import reference_impl
+        reference_impl.install(coordinator=load_class(spec))
 
 
 def identity() -> dict:
@@ -155,12 +167,19 @@ def describe_without_import(spec: Spec) -> dict:
         info["deepspeed"] = "not importable"
         return info
     info["deepspeed_path"] = os.path.dirname(found.origin)
-    if spec.kind == "fork":
-        version_file = os.path.join(spec.fork_dir, "version.txt")
-        info["deepspeed"] = open(version_file).read().strip() if os.path.isfile(version_file) else "fork"
-    else:
-        try:
-            info["deepspeed"] = metadata.version("deepspeed")
-        except metadata.PackageNotFoundError:
-            info["deepspeed"] = "unknown"
+    info["deepspeed"] = _deepspeed_version(info["deepspeed_path"])
     return info
+
+
+def _deepspeed_version(package_dir: str) -> str:
+    """The version of the deepspeed package in ``package_dir``, read from its files, not imported."""
+    import re
+    installed = os.path.join(package_dir, "git_version_info_installed.py")
+    if os.path.isfile(installed):
+        match = re.search(r"^version\s*=\s*['\"]([^'\"]+)", open(installed).read(), re.M)
+        if match:
+            return match.group(1)
+    version_txt = os.path.join(os.path.dirname(package_dir), "version.txt")
+    if os.path.isfile(version_txt):
+        return open(version_txt).read().strip()
+    return "unknown"

@@ -69,7 +69,7 @@ def failure_text(outcomes: List[RankOutcome], title: str) -> str:
     groups = {}
     for o in outcomes:
         if o.status != PASSED:
-            groups.setdefault((o.status, o.message, _trim_harness_frames(o.traceback)), []).append(o)
+            groups.setdefault((o.status, o.message, _trim_harness_frames(o.traceback), o.log_tail), []).append(o)
     for same in groups.values():
         text = same[0].describe()
         if len(same) > 1:

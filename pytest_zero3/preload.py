@@ -5,11 +5,13 @@ torch.optim pulls in lazily on first use).  The forkserver pays that once; a ran
 starts in milliseconds.  What to load is read from the environment the parent set before the
 forkserver started.
 """
+import faulthandler
 import gc
 import importlib
 import os
+import signal
 
-from pytest_zero3.spawner import PRELOAD_ENV
+from pytest_zero3.spawner import PRELOAD_ENV, STACK_ENV
 
 #: Always loaded: the harness itself and what any ZeRO-3 rank imports.
 BASE = ("pytest", "_pytest.outcomes", "torch", "torch.distributed", "torch.optim", "torch._dynamo", "torch.utils.checkpoint")
@@ -19,6 +21,9 @@ DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.ze
 
 
 def _load_all() -> None:
+    stack_path = os.environ.get(STACK_ENV)
+    if stack_path:  # lets the parent see where a slow or stuck preload is
+        faulthandler.register(signal.SIGUSR1, file=open(stack_path, "w"), all_threads=True)
     for name in BASE:
         importlib.import_module(name)
     extra = [m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m]

@@ -11,10 +11,19 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+import threading
+import time
 from typing import List
 
 #: Comma-separated extra modules for the forkserver to import (read by :mod:`pytest_zero3.preload`).
 PRELOAD_ENV = "PYTEST_ZERO3_PRELOAD"
+#: File the forkserver writes its Python stack to on SIGUSR1 (read when it does not become ready).
+STACK_ENV = "PYTEST_ZERO3_FORKSERVER_STACK"
+
+
+class ForkserverStuck(Exception):
+    """The forkserver did not become ready (its preload hung or crashed); the message has its stack."""
 _context = None
 _live: set = set()
 
@@ -24,17 +33,69 @@ def context(extra_preload: List[str]):
     global _context
     if _context is None:
         os.environ[PRELOAD_ENV] = ",".join(sorted(set(extra_preload)))
+        os.environ[STACK_ENV] = os.path.join(tempfile.mkdtemp(prefix="pytest-zero3-"), "forkserver.stack")
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["pytest_zero3.preload"])
         _context = ctx
     return _context
 
 
-def start(ctx, target, args) -> multiprocessing.Process:
-    proc = ctx.Process(target=target, args=args, daemon=True)
-    proc.start()
-    _live.add(proc)
-    return proc
+def start_all(ctx, target, args_list, timeout: float) -> list:
+    """Start one process per args tuple; raise :class:`ForkserverStuck` if that takes over ``timeout`` s.
+
+    Starting blocks until the forkserver answers, and the forkserver answers only after its preload
+    (imports, building DeepSpeed's CPU comm op).  A preload stuck on a stale build lock would block
+    pytest forever, so the start runs in a thread, and a stuck forkserver is killed and reported.
+    """
+    procs, errors = [], []
+
+    def go():
+        try:
+            for args in args_list:
+                proc = ctx.Process(target=target, args=args, daemon=True)
+                proc.start()
+                _live.add(proc)
+                procs.append(proc)
+        except BaseException as exc:  # reported below, in the caller's thread
+            errors.append(exc)
+
+    starter = threading.Thread(target=go, name="pytest-zero3-start", daemon=True)
+    starter.start()
+    starter.join(timeout)
+    stuck = starter.is_alive()
+    if stuck or errors:
+        stack = _stop_forkserver()
+        starter.join(10)
+        for proc in procs:
+            kill(proc)
+        why = f"did not become ready within {timeout:g} s" if stuck else f"failed: {errors[0]!r}"
+        ext = os.environ.get("TORCH_EXTENSIONS_DIR", "torch's extension directory")
+        raise ForkserverStuck(f"the forkserver that preloads torch and deepspeed {why}. If its stack below waits "
+                              f"in file_baton, a build was interrupted: remove the stale 'lock' file under {ext} "
+                              f"and rerun.\nforkserver stack:\n{stack or '(none written)'}")
+    return procs
+
+
+def _stop_forkserver() -> str:
+    """Dump the forkserver's stack, kill it (the next start launches a new one), return the stack."""
+    from multiprocessing import forkserver
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    path = os.environ.get(STACK_ENV, "")
+    if not pid:
+        return ""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        end = time.monotonic() + 3
+        while time.monotonic() < end and not (os.path.exists(path) and os.path.getsize(path)):
+            time.sleep(0.05)  # faulthandler writes from the forkserver's signal handler
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
 def forget(proc) -> None:
@@ -68,7 +129,8 @@ def kill_all() -> None:
 def install_signal_handlers() -> None:
     """Turn SIGTERM into a clean stop: kill the ranks, then let pytest end as on Ctrl-C."""
     def on_term(signum, frame):
-        kill_all()
+        # Only raise here: the running world's cleanup and pytest_unconfigure kill the ranks, outside
+        # the signal handler (which may have interrupted multiprocessing while it holds a lock).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
 

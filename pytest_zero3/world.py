@@ -69,7 +69,10 @@ class World:
                    call=pickle.dumps((fn, args, kwargs)))
         payload = pickle.dumps(job)
         ctx = spawner.context(self.preload)
-        procs = [spawner.start(ctx, rank_mod.main, (payload, r)) for r in range(self.size)]
+        try:
+            procs = spawner.start_all(ctx, rank_mod.main, [(payload, r) for r in range(self.size)], self.timeout)
+        except spawner.ForkserverStuck as exc:
+            raise WorldFailure(str(exc), []) from None
         try:
             return _collect(procs, run_dir, self.timeout)
         finally:

@@ -58,13 +58,20 @@ def _in_autograd_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _on_nvme(param: Parameter) -> bool:
+    return param.nvme_swapper is not None and param.ds_tensor.final_location == OffloadDeviceEnum.nvme
+
+
 def _swapped_out_to_nvme(param: Parameter) -> bool:
-    return (param.nvme_swapper is not None and param.ds_tensor.final_location == OffloadDeviceEnum.nvme
-            and param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE)
+    return _on_nvme(param) and param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE
 
 
 class ReferenceCoordinator:
     """Drop-in for deepspeed's ``PartitionedParameterCoordinator`` (see the module docstring).
+
+    Takes the keywords ``DeepSpeedZeRoOffload`` passes (``timers`` is accepted and unused; unknown
+    future keywords are ignored) plus the adaptive-prefetch ones that :func:`reference_impl.install`
+    adds from the ``stage3_adaptive_prefetch_*`` config keys.
 
     Trace modes: *invalid* (nothing known; the next pass records), *record* (this pass appends every
     fetched module), *complete* (a rank-agreed trace drives prefetch and release). A module that
@@ -99,9 +106,13 @@ class ReferenceCoordinator:
         self._static_bucket = int(prefetch_bucket_sz)
         self._prefetch_nvme = prefetch_nvme
         self._log_trace_warnings = log_trace_cache_warnings
-        self.adaptive: Optional[AdaptivePrefetchBucket] = (AdaptivePrefetchBucket(
-            prefetch_bucket_sz, adaptive_prefetch_min_sz, adaptive_prefetch_max_sz, group=dp_process_group)
-                                                           if adaptive_prefetch else None)
+        # the adaptive controller, when enabled; tests may set its ``clock`` and ``delay``
+        self.adaptive: Optional[AdaptivePrefetchBucket] = None
+        if adaptive_prefetch:
+            self.adaptive = AdaptivePrefetchBucket(prefetch_bucket_sz,
+                                                   adaptive_prefetch_min_sz,
+                                                   adaptive_prefetch_max_sz,
+                                                   group=dp_process_group)
 
         self._mode = "invalid"
         self._recording: List[Module] = []
@@ -274,7 +285,7 @@ class ReferenceCoordinator:
             if param.ds_status == ZeroParamStatus.NOT_AVAILABLE and param not in batch:
                 batch.add(param)
                 numel += param.ds_numel
-            elif self._prefetch_nvme and param.ds_status == ZeroParamStatus.AVAILABLE and _on_nvme(param):
+            elif _on_nvme(param):  # resident or already coming: keep it for this use (PR 9003)
                 self._nvme_keep_until[param] = max(use.step, self._nvme_keep_until.get(param, -1))
             self._cursor += 1
         self._all_gather(batch)
@@ -285,22 +296,25 @@ class ReferenceCoordinator:
         """Start NVMe reads for partitions needed after the params already in flight."""
         inflight_numel = sum(p.ds_numel for p in self._registry)
         considered = 0
-        swap_in = []
+        swap_in: Dict[Parameter, None] = {}  # ordered, and membership by identity
         for use in self._trace.param_uses[self._cursor:]:
             param = use.param
             if param.nvme_swapper is None:
                 continue
             if considered > 2 * inflight_numel or len(swap_in) >= param.nvme_swapper.available_swap_in_buffers():
                 break
-            if param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE and param not in swap_in:
-                swap_in.append(param)
+            if param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE:
+                swap_in[param] = None
             considered += param.ds_numel
         if swap_in:
-            swap_in[0].nvme_swapper.swap_in(swap_in, async_op=True)
+            params = list(swap_in)
+            params[0].nvme_swapper.swap_in(params, async_op=True)
 
     def _all_gather(self, params: Iterable[Parameter]) -> None:
-        """Issue coalesced all-gathers for the NOT_AVAILABLE ones and register their handles."""
-        pending = [p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+        """Issue coalesced all-gathers for the NOT_AVAILABLE ones and register their handles.
+
+        Sorted by ds_id so every rank issues its collectives in the same order."""
+        pending = sorted((p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE), key=lambda p: p.ds_id)
         if not pending:
             return
         quantized = [p for p in pending if hasattr(p.ds_tensor, "ds_quant_scale")]
@@ -400,7 +414,3 @@ class ReferenceCoordinator:
             handle.wait()
             self._release(param)
         self._registry.clear()
-
-
-def _on_nvme(param: Parameter) -> bool:
-    return param.nvme_swapper is not None and param.ds_tensor.final_location == OffloadDeviceEnum.nvme

@@ -9,8 +9,9 @@
   and passes them, with its data-parallel group, to the coordinator constructor;
 * ``parameter_offload.FWD_MODULE_STACK``: the global stack of running modules held every root module
   ever registered, so an engine's model (and through its hook closures the offload and coordinator)
-  outlived ``engine.destroy()``. It becomes a stack of weak references, and ``destroy()`` removes the
-  root it pushed;
+  outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
+  root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
+  early-stopped checkpoint recomputes pushed and never popped;
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 
@@ -21,6 +22,8 @@ import functools
 import inspect
 import weakref
 from collections.abc import MutableSequence
+
+import torch
 
 import deepspeed.runtime.config as ds_runtime_config
 import deepspeed.runtime.zero.config as ds_zero_config
@@ -34,35 +37,60 @@ _saved = {}  # original objects while installed; empty when not installed
 
 
 class WeakModuleStack(MutableSequence):
-    """A list of modules that does not keep them alive; entries of collected modules vanish."""
+    """The running-module stack, holding modules by weak reference (collected modules vanish).
+
+    Pushes and pops are O(1). An activation-checkpoint recompute that stops early (torch's default)
+    aborts a forward whose post-hook then never pops, so entries pushed during a backward are
+    remembered and dropped by :meth:`drop_backward_entries` once the backward is over.
+    """
 
     def __init__(self, modules=()):
-        self._refs = [weakref.ref(m) for m in modules]
+        self._entries = [(weakref.ref(m), False) for m in modules]  # (module ref, pushed in backward)
 
     def _live(self):
-        self._refs = [r for r in self._refs if r() is not None]
-        return [r() for r in self._refs]
+        self._entries = [e for e in self._entries if e[0]() is not None]
+        return [ref() for ref, _ in self._entries]
+
+    def _entry(self, module):
+        return weakref.ref(module), torch._C._current_graph_task_id() != -1
 
     def __getitem__(self, index):
+        if index == -1:  # the hot path: the innermost running module
+            while self._entries and self._entries[-1][0]() is None:
+                self._entries.pop()
+            if not self._entries:
+                raise IndexError("module stack is empty")
+            return self._entries[-1][0]()
         return self._live()[index]
 
     def __setitem__(self, index, module):
         self._live()
-        self._refs[index] = weakref.ref(module)
+        self._entries[index] = self._entry(module)
 
     def __delitem__(self, index):
         self._live()
-        del self._refs[index]
+        del self._entries[index]
 
     def __len__(self):
         return len(self._live())
 
     def insert(self, index, module):
         self._live()
-        self._refs.insert(index, weakref.ref(module))
+        self._entries.insert(index, self._entry(module))
+
+    def append(self, module):
+        self._entries.append(self._entry(module))
+
+    def pop(self, index=-1):
+        module = self[index]
+        del self._entries[index]
+        return module
 
     def discard(self, module):
-        self._refs = [r for r in self._refs if r() is not None and r() is not module]
+        self._entries = [e for e in self._entries if e[0]() is not None and e[0]() is not module]
+
+    def drop_backward_entries(self):
+        self._entries = [e for e in self._entries if e[0]() is not None and not e[1]]
 
 
 def _offload_init(original):
@@ -97,20 +125,40 @@ def _offload_destroy(original):
     return destroy
 
 
-def install() -> None:
-    """Make deepspeed build :class:`ReferenceCoordinator` for every subsequent engine."""
+def _offload_release_backward_leftovers(original):
+
+    @functools.wraps(original)
+    def release_backward_leftovers(self):
+        original(self)
+        stack = parameter_offload.FWD_MODULE_STACK
+        if isinstance(stack, WeakModuleStack):
+            stack.drop_backward_entries()
+
+    return release_backward_leftovers
+
+
+def install(coordinator=ReferenceCoordinator) -> None:
+    """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine.
+
+    The fixes around the coordinator (the weak module stack, the adaptive-prefetch config keys) are
+    installed whatever the class, so that a coordinator given to pytest-zero3 as ``module:Class`` is
+    judged on its own behaviour rather than on DeepSpeed's bugs elsewhere.
+    """
     if _saved:
+        parameter_offload.PartitionedParameterCoordinator = coordinator
         return
     _saved.update(coordinator=parameter_offload.PartitionedParameterCoordinator,
                   stack=parameter_offload.FWD_MODULE_STACK,
                   init=DeepSpeedZeRoOffload.__init__,
                   destroy=DeepSpeedZeRoOffload.destroy,
+                  leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
                   runtime_get_zero_config=ds_runtime_config.get_zero_config,
                   zero_get_zero_config=ds_zero_config.get_zero_config)
-    parameter_offload.PartitionedParameterCoordinator = ReferenceCoordinator
+    parameter_offload.PartitionedParameterCoordinator = coordinator
     parameter_offload.FWD_MODULE_STACK = WeakModuleStack(_saved["stack"])
     DeepSpeedZeRoOffload.__init__ = _offload_init(_saved["init"])
     DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
+    DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
 
@@ -124,6 +172,7 @@ def uninstall() -> None:
     parameter_offload.FWD_MODULE_STACK = _saved["stack"]
     DeepSpeedZeRoOffload.__init__ = _saved["init"]
     DeepSpeedZeRoOffload.destroy = _saved["destroy"]
+    DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
     _saved.clear()

@@ -1,0 +1,13 @@
+"""Run by tests/test_lifecycle.py: a scenario that blocks until pytest is terminated."""
+import os
+import threading
+
+
+def announce_and_block(marker_dir):
+    with open(os.path.join(marker_dir, f"rank-{os.getpid()}"), "w") as fh:
+        fh.write(str(os.getppid()))  # the forkserver is the rank's parent
+    threading.Event().wait()
+
+
+def test_blocks(zero3_world):
+    zero3_world.run(announce_and_block, os.environ["ZERO3_MARKER_DIR"])

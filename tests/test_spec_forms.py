@@ -1,0 +1,43 @@
+"""Each --zero3-impl form reaches every rank (issue: foundation §2 and §4)."""
+import os
+import re
+
+from conftest import ROOT
+from forks import copy_installed_deepspeed
+
+CASE = str(ROOT / "tests" / "data" / "identity_case.py")
+
+
+def identity(run):
+    assert run.returncode == 0, run.stdout
+    match = re.search(r"IDENTITY (\S+) (\S+)", run.stdout)
+    return match.group(1), match.group(2)
+
+
+def test_installed(run_pytest):
+    import importlib.util
+    path, cls = identity(run_pytest(CASE, "-s"))
+    assert path == os.path.dirname(importlib.util.find_spec("deepspeed").origin)
+    assert cls == "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
+
+
+def test_reference(run_pytest):
+    _, cls = identity(run_pytest(CASE, "-s", "--zero3-impl=reference"))
+    assert cls == "reference_impl.coordinator.ReferenceCoordinator"
+
+
+def test_fork_directory_is_imported_by_every_rank(run_pytest, tmp_path):
+    fork = copy_installed_deepspeed(str(tmp_path / "fork"))
+    run = run_pytest(CASE, "-s", f"--zero3-impl={fork}")
+    path, _ = identity(run)
+    assert path == os.path.join(fork, "deepspeed")
+    assert f"from {os.path.join(fork, 'deepspeed')}" in run.stdout  # the header names the fork
+
+
+def test_file_and_module_class_forms(run_pytest):
+    data = ROOT / "tests" / "data"
+    _, cls = identity(run_pytest(CASE, "-s", f"--zero3-impl={data / 'coordinator_subclass.py'}:RenamedCoordinator"))
+    assert cls.endswith("coordinator_subclass.RenamedCoordinator")
+    _, cls = identity(run_pytest(CASE, "-s", "--zero3-impl=coordinator_subclass:RenamedCoordinator",
+                                 env={"PYTHONPATH": str(data)}))
+    assert cls == "coordinator_subclass.RenamedCoordinator"

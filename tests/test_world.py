@@ -1,0 +1,177 @@
+"""The world harness: results, failures, hangs, deaths, skips, isolation (issue: foundation §3)."""
+import os
+import signal
+
+import pytest
+
+from pytest_zero3 import scenario
+from pytest_zero3.scenario import Unsupported
+from pytest_zero3.world import WorldFailure
+
+
+def all_reduce_rank_sum():
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([float(scenario.rank() + 1)])
+    dist.all_reduce(t)
+    return scenario.rank(), scenario.world_size(), t.item(), os.getpid()
+
+
+def test_run_returns_per_rank_values_in_rank_order(zero3_world):
+    out = zero3_world.run(all_reduce_rank_sum)
+    assert [o[:3] for o in out] == [(0, 2, 3.0), (1, 2, 3.0)]
+
+
+def test_every_run_gets_fresh_rank_processes(zero3_world):
+    first = {o[3] for o in zero3_world.run(all_reduce_rank_sum)}
+    second = {o[3] for o in zero3_world.run(all_reduce_rank_sum)}
+    assert first.isdisjoint(second)
+
+
+@pytest.mark.zero3_world_size(3)
+def test_world_size_marker(zero3_world):
+    assert [o[1] for o in zero3_world.run(all_reduce_rank_sum)] == [3, 3, 3]
+
+
+def deepspeed_sees_world():
+    """DeepSpeed's CPU accelerator derives its device count from LOCAL_SIZE: multi-rank must not be skipped."""
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().device_count(), os.environ.get("DS_ACCELERATOR")
+
+
+def test_deepspeed_cpu_accelerator_counts_every_rank(zero3_world):
+    assert zero3_world.run(deepspeed_sees_world) == [(2, "cpu"), (2, "cpu")]
+
+
+def raise_on_rank_one():
+    if scenario.rank() == 1:
+        raise ValueError("rank one broke")
+    import torch.distributed as dist
+    dist.barrier()  # rank 0 would wait here forever without the harness
+
+
+def test_rank_exception_fails_with_each_rank_labelled(zero3_world):
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(raise_on_rank_one)
+    text = str(info.value)
+    assert "rank 1: raised: ValueError: rank one broke" in text
+    assert 'in raise_on_rank_one\n' in text and "raise ValueError" in text
+    assert "rank 0: " in text and "rank 0: passed" not in text  # rank 0 failed in barrier or was stopped
+
+
+def pass_on_rank_zero_raise_on_one():
+    if scenario.rank() == 1:
+        raise KeyError("only one")
+    return "fine"
+
+
+def test_passing_rank_is_reported_as_passed(zero3_world):
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(pass_on_rank_zero_raise_on_one)
+    assert "rank 0: passed" in str(info.value)
+    assert "rank 1: raised: KeyError: 'only one'" in str(info.value)
+
+
+def wait_forever_in_named_function():
+    import threading
+    threading.Event().wait()  # blocks until killed
+
+
+def hang_on_rank_zero():
+    if scenario.rank() == 0:
+        wait_forever_in_named_function()
+    import torch.distributed as dist
+    dist.barrier()
+
+
+@pytest.mark.zero3_timeout(4)
+def test_hang_reports_every_live_rank_stack_then_next_scenario_runs(zero3_world):
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(hang_on_rank_zero)
+    text = str(info.value)
+    assert "rank 0: hung: still running after the 4 s timeout" in text
+    assert "rank 1: hung" in text
+    assert "in wait_forever_in_named_function" in text  # rank 0's Python stack
+    assert "in hang_on_rank_zero" in text
+    assert "barrier" in text  # rank 1's stack shows where it waits
+    assert zero3_world.run(all_reduce_rank_sum)[0][2] == 3.0  # the harness recovered
+
+
+def kill_self(sig):
+    if scenario.rank() == 1:
+        os.kill(os.getpid(), sig)
+    import torch.distributed as dist
+    dist.barrier()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
+def test_rank_death_is_reported(zero3_world, sig):
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(kill_self, sig)
+    text = str(info.value)
+    assert f"rank 1: died: killed by {sig.name}" in text
+    if sig == signal.SIGSEGV:
+        assert "Fatal Python error: Segmentation fault" in text and "in kill_self" in text
+
+
+def exit_abruptly():
+    if scenario.rank() == 0:
+        os._exit(3)
+    return "ok"
+
+
+def test_rank_exiting_without_result(zero3_world):
+    with pytest.raises(WorldFailure, match="rank 0: died: exited with code 3 before reporting a result"):
+        zero3_world.run(exit_abruptly)
+
+
+def skip_everywhere():
+    pytest.skip("needs a feature this world lacks")
+
+
+def test_skip_on_all_ranks_is_a_skip(zero3_world):
+    with pytest.raises(pytest.skip.Exception, match="needs a feature this world lacks"):
+        zero3_world.run(skip_everywhere)
+
+
+def declare_unsupported():
+    scenario.unsupported("config rejects the keys")
+
+
+def test_unsupported_is_declared(zero3_world):
+    with pytest.raises(Unsupported, match="config rejects the keys"):
+        zero3_world.run(declare_unsupported)
+
+
+def disagree():
+    scenario.agree(scenario.rank() == 0, f"rank {scenario.rank()} is not rank 0")
+    return "unreachable on failure"
+
+
+def test_agree_fails_every_rank_with_the_failing_ranks_message(zero3_world):
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(disagree)
+    text = str(info.value)
+    assert "ranks 0, 1: raised: AssertionError: [rank 1] rank 1 is not rank 0" in text
+    assert "hung" not in text
+
+
+def print_and_fail():
+    print(f"diagnostic line from rank {scenario.rank()}", flush=True)
+    raise RuntimeError("after printing")
+
+
+def test_rank_output_is_in_the_failure_text(zero3_world):
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(print_and_fail)
+    assert "diagnostic line from rank 1" in str(info.value)
+
+
+def unpicklable_result():
+    import threading
+    return threading.Lock()
+
+
+def test_unpicklable_result_is_a_clear_failure(zero3_world):
+    with pytest.raises(WorldFailure, match="(?s)TypeError: cannot pickle"):
+        zero3_world.run(unpicklable_result)
