@@ -89,9 +89,13 @@ def prepare_process(spec: Spec) -> None:
         if not old.split(os.pathsep)[:1] == [spec.fork_dir]:
             os.environ["PYTHONPATH"] = spec.fork_dir + (os.pathsep + old if old else "")
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        version = describe_without_import(spec).get("deepspeed", "unknown")
+        import zlib
+        info = describe_without_import(spec)
+        # torch rebuilds an op whose sources or include paths changed: one directory per package path
+        # keeps a fork and the installed package from rebuilding each other's op on every run.
+        tag = f"deepspeed-{info.get('deepspeed', 'unknown')}-{zlib.crc32(info.get('deepspeed_path', '').encode()):08x}"
         os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(
-            os.path.expanduser("~"), ".cache", "pytest-zero3", "torch_extensions", f"deepspeed-{version}")
+            os.path.expanduser("~"), ".cache", "pytest-zero3", "torch_extensions", tag)
 
 
 def load_class(spec: Spec):

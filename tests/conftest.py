@@ -44,6 +44,22 @@ def run_pytest(tmp_path):
     return run
 
 
+@pytest.fixture(scope="session")
+def fork_without_checkpoint_fix(tmp_path_factory):
+    """A simulated DeepSpeed fork: the installed package copied, with the 0.19.3 checkpoint fix undone.
+
+    One file changes: the coordinator no longer recognises forward hooks that run inside a backward
+    recompute, so frozen params are partitioned while checkpoint holds them (contract 002-a).
+    Session-scoped: the fork's first world builds DeepSpeed's CPU comm op for its own path.
+    """
+    from forks import copy_installed_deepspeed, edit
+    fork = copy_installed_deepspeed(str(tmp_path_factory.mktemp("fork")))
+    edit(fork, "runtime/zero/partitioned_param_coordinator.py",
+         "in_checkpoint_recompute = forward and torch._C._current_graph_task_id() != -1",
+         "in_checkpoint_recompute = False")
+    return fork
+
+
 @pytest.fixture
 def run_suite(run_pytest):
     """``run_suite(impl, select, *extra)``: the conformance suite against ``impl`` for contracts ``select``."""

@@ -3,7 +3,6 @@ import os
 import re
 
 from conftest import ROOT
-from forks import copy_installed_deepspeed
 
 CASE = str(ROOT / "tests" / "data" / "identity_case.py")
 
@@ -26,8 +25,8 @@ def test_reference(run_pytest):
     assert cls == "reference_impl.coordinator.ReferenceCoordinator"
 
 
-def test_fork_directory_is_imported_by_every_rank(run_pytest, tmp_path):
-    fork = copy_installed_deepspeed(str(tmp_path / "fork"))
+def test_fork_directory_is_imported_by_every_rank(run_pytest, fork_without_checkpoint_fix):
+    fork = fork_without_checkpoint_fix
     run = run_pytest(CASE, "-s", f"--zero3-impl={fork}")
     path, _ = identity(run)
     assert path == os.path.join(fork, "deepspeed")
