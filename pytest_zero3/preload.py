@@ -10,8 +10,9 @@ import gc
 import importlib
 import os
 import signal
+import sys
 
-from pytest_zero3.spawner import PRELOAD_ENV, STACK_ENV
+from pytest_zero3.spawner import PRELOAD_ENV, STACK_ENV, SYS_PATH_ENV
 
 #: Always loaded: the harness itself and what any ZeRO-3 rank imports.
 BASE = ("pytest", "_pytest.outcomes", "torch", "torch.distributed", "torch.optim", "torch._dynamo", "torch.utils.checkpoint")
@@ -24,6 +25,9 @@ def _load_all() -> None:
     stack_path = os.environ.get(STACK_ENV)
     if stack_path:  # lets the parent see where a slow or stuck preload is
         faulthandler.register(signal.SIGUSR1, file=open(stack_path, "w"), all_threads=True)
+    for entry in os.environ.get(SYS_PATH_ENV, "").split(os.pathsep):
+        if entry and entry not in sys.path:
+            sys.path.append(entry)
     for name in BASE:
         importlib.import_module(name)
     extra = [m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m]
@@ -33,7 +37,7 @@ def _load_all() -> None:
         except ImportError:
             pass  # reported by the rank that needs it, with its own traceback
     _probe_deepspeed_ops()
-    _build_cpu_comm_op()
+    _skip_cpu_shm_comm_op()
     from pytest_zero3 import impl
     spec = impl.parse(os.environ.get(impl.SPEC_ENV, "installed"))
     if spec.kind == "class":
@@ -53,17 +57,24 @@ def _probe_deepspeed_ops() -> None:
         pass
 
 
-def _build_cpu_comm_op() -> None:
-    """Build DeepSpeed's CPU shared-memory comm op here, once, instead of in every rank of the first world."""
+def _skip_cpu_shm_comm_op() -> None:
+    """Keep DeepSpeed's CPU shared-memory all-reduce op out of the ranks.
+
+    On CPU, DeepSpeed's comm backend JIT-builds an op (about 40 s once) that maps two 66 MB files in
+    /dev/shm per rank, named by MASTER_ADDR/PORT and never removed: a suite forks hundreds of worlds
+    and would fill the machine's memory.  The op only speeds up CPU all-reduce; ZeRO-3's parameter
+    coordination does not depend on it, so the ranks use plain gloo collectives instead.
+    """
     if os.environ.get("DS_ACCELERATOR") != "cpu":
         return
     try:
+        import deepspeed.ops
         from deepspeed.accelerator import get_accelerator
         builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-        if builder is not None and builder.is_compatible():
-            builder.load(verbose=False)
+        if builder is not None:
+            deepspeed.ops.__compatible_ops__[builder.NAME] = False
     except Exception:
-        pass  # deepspeed falls back to plain gloo collectives; the ranks will say so if it matters
+        pass  # an older deepspeed without this op: nothing to skip
 
 
 _load_all()

@@ -18,6 +18,8 @@ from typing import List
 
 #: Comma-separated extra modules for the forkserver to import (read by :mod:`pytest_zero3.preload`).
 PRELOAD_ENV = "PYTEST_ZERO3_PRELOAD"
+#: The parent's import path when the forkserver started (so it can import test-local modules).
+SYS_PATH_ENV = "PYTEST_ZERO3_SYS_PATH"
 #: File the forkserver writes its Python stack to on SIGUSR1 (read when it does not become ready).
 STACK_ENV = "PYTEST_ZERO3_FORKSERVER_STACK"
 
@@ -33,6 +35,7 @@ def context(extra_preload: List[str]):
     global _context
     if _context is None:
         os.environ[PRELOAD_ENV] = ",".join(sorted(set(extra_preload)))
+        os.environ[SYS_PATH_ENV] = os.pathsep.join(sys.path)
         os.environ[STACK_ENV] = os.path.join(tempfile.mkdtemp(prefix="pytest-zero3-"), "forkserver.stack")
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["pytest_zero3.preload"])
@@ -69,10 +72,10 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
         for proc in procs:
             kill(proc)
         why = f"did not become ready within {timeout:g} s" if stuck else f"failed: {errors[0]!r}"
-        ext = os.environ.get("TORCH_EXTENSIONS_DIR", "torch's extension directory")
-        raise ForkserverStuck(f"the forkserver that preloads torch and deepspeed {why}. If its stack below waits "
-                              f"in file_baton, a build was interrupted: remove the stale 'lock' file under {ext} "
-                              f"and rerun.\nforkserver stack:\n{stack or '(none written)'}")
+        raise ForkserverStuck(f"the forkserver that preloads torch and deepspeed {why}. Its stack below shows "
+                              "the import it is stuck in (if it waits in torch's file_baton, an interrupted "
+                              "build left a stale 'lock' file under TORCH_EXTENSIONS_DIR: remove it)."
+                              f"\nforkserver stack:\n{stack or '(none written)'}")
     return procs
 
 
