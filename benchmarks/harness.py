@@ -30,7 +30,7 @@ def tiny():
 
 def _torchrun_once(which: str) -> float:
     t = time.perf_counter()
-    subprocess.run(["torchrun", "--nproc_per_node=2", "--master_port=0", __file__, "--rank-body", which],
+    subprocess.run(["torchrun", "--nproc_per_node=2", "--standalone", __file__, "--rank-body", which],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
 

@@ -56,7 +56,7 @@ def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
 def test_torchrun_launcher_mode_runs_in_process(tmp_path):
     report = tmp_path / "r.json"
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    proc = subprocess.run(["torchrun", "--nproc_per_node=2", "--master_port=0", "-m", "pytest", "-p",
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", "-m", "pytest", "-p",
                            "no:cacheprovider", str(DATA / "torchrun_case.py"), f"--zero3-report={report}"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr

@@ -47,7 +47,7 @@ def test_expectations_known_failure_unexpected_pass_and_unknown_id(run_pytest, t
     assert "--zero3-expect lists '999-z', which matches no collected contract" in run.stdout
     strict = run_pytest(CASE, f"--zero3-expect={expect}", "--zero3-strict")
     assert strict.returncode == 1
-    assert "contract 900-a passed but --zero3-expect lists it as failing" in strict.stdout
+    assert "--zero3-strict: contract 900-a passed but --zero3-expect lists it as failing" in strict.stdout
 
 
 def test_select_runs_only_matching_contracts(run_pytest):

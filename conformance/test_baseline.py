@@ -1,0 +1,177 @@
+"""Baseline contracts (family ``base``): what every correct ZeRO-3 parameter coordinator does.
+
+A coordinator only decides *when* parameters are gathered and released; it must never change a
+number.  So training a model with ZeRO-3 on 2 ranks must reproduce a plain single-process torch run
+of the same model, seed and global batches (``fixtures.reference.train_plain``), and after every
+step the engine must be back to its resting state: non-persistent params partitioned, persistent
+params gathered, no module claiming a param.
+
+Tolerance (``fixtures.family_base.RTOL``/``ATOL`` = 1e-5 / 1e-6, elementwise, on the rank-averaged
+losses and on every final gathered weight, 10 steps of AdamW lr 1e-2): ZeRO-3 computes two
+half-batch gradients and averages them where plain torch computes one full-batch gradient, so the
+two differ by fp32 rounding, which Adam's normalisation carries into the weights.  Measured on
+deepspeed 0.19.8 and on the reference: losses differ by at most 2e-8 (relative 2e-7), weights by at
+most 5e-7 (relative 1e-6 for the 131072-element table, 1e-5 for small weights near zero, always
+under the bound).  A param used stale, half-gathered or reduced twice moves a weight by about the
+learning rate (1e-2) within a step.
+
+The models (``fixtures.models_extra``) are tiny and built from code; every scenario runs 10-12
+training steps and takes about a second per engine on a 2-core CPU box.
+"""
+import pytest
+
+from fixtures import family_base as fb
+
+PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
+PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
+
+
+def _assert_parity(results, labels):
+    problems = [line for result, label in zip(results, labels) for line in fb.parity_problems(result, label)]
+    assert not problems, "ZeRO-3 training differs from plain torch:\n" + "\n".join(problems)
+
+
+def _rank0(per_rank):
+    """Rank 0's result after checking that every rank reported the same losses (they are all-reduced)."""
+    first = per_rank[0]
+    for r, other in enumerate(per_rank[1:], start=1):
+        items = other if isinstance(other, list) else [other]
+        for mine, theirs in zip(first if isinstance(first, list) else [first], items):
+            assert mine["losses"] == theirs["losses"], f"rank {r} saw other losses than rank 0"
+    return first
+
+
+@pytest.mark.zero3_contract("base-a", "An MLP trained 10 steps with ZeRO-3 (prefetch off) equals plain torch: losses and final weights")
+def test_mlp_parity_prefetch_off(zero3_world):
+    """The simplest possible run: every param fetched on demand and released after use.
+
+    Persistence threshold 0, prefetch bucket 0: each Linear is gathered in its forward pre-hook and
+    again in backward.  Parity here is the floor every other contract builds on.
+    """
+    result = _rank0(zero3_world.run(fb.parity, "mlp"))
+    _assert_parity([result], ["MLP, prefetch off"])
+
+
+@pytest.mark.zero3_contract("base-b", "With prefetch on (one-layer and default 5e7 buckets) ZeRO-3 training still equals plain torch")
+def test_mlp_parity_prefetch_on(zero3_world):
+    """Prefetch gathers params ahead along the recorded trace, from step 1 on.
+
+    A prefetched param must be the current partition (not the one from before the last optimizer
+    step) and must be waited on before use.  Two buckets: about one layer ahead (the coordinator
+    pops params from its queue and stops) and DeepSpeed's default (the whole model ahead).
+    """
+    results = _rank0(zero3_world.run(fb.parity_many, [("mlp", {"zero": PREFETCH_ONE_LAYER}),
+                                                      ("mlp", {"zero": PREFETCH_DEFAULT})]))
+    _assert_parity(results, ["MLP, prefetch bucket 300", "MLP, prefetch bucket 5e7"])
+
+
+@pytest.mark.zero3_contract("base-c", "Tied weights and a module called twice train like plain torch, prefetch off and on")
+def test_tied_weights_parity(zero3_world):
+    """``dec.weight is enc.weight`` and ``mid`` runs twice per forward (``fixtures.models_extra.TiedMLP``).
+
+    One Parameter with two consumer modules, and one module appearing twice in the trace: a
+    coordinator that releases a param when *one* consumer finishes, or prefetches it again while it
+    is still gathered, breaks the forward or the gradient (which must be reduced once).
+    """
+    results = _rank0(zero3_world.run(fb.parity_many, [("tied", {}), ("tied", {"zero": PREFETCH_DEFAULT})]))
+    _assert_parity(results, ["tied weights, prefetch off", "tied weights, prefetch bucket 5e7"])
+
+
+@pytest.mark.zero3_contract("base-d", "A z3 leaf module (set_z3_leaf_modules) gathers its whole subtree at once and trains like plain torch")
+def test_z3_leaf_module_parity(zero3_world):
+    """``Experts`` calls its two children in a per-sample, data-dependent order (``models_extra.LeafModel``).
+
+    Without the leaf flag the two ranks would record different module sequences.  With it, the
+    coordinator fetches every param under the leaf when the leaf starts and releases them when it
+    ends: while expert ``a`` runs, expert ``b``'s params must already be gathered.
+    """
+    results = _rank0(zero3_world.run(fb.leaf_parity, [{}, {"zero": PREFETCH_ONE_LAYER}]))
+    for result, label in zip(results, ["prefetch off", "prefetch bucket 300"]):
+        missing = result["leaf_not_gathered"]
+        assert not missing, (f"z3 leaf module, {label}: when experts.a started its forward, these params of the "
+                             f"leaf were not gathered (the leaf must be fetched as a whole): {missing}")
+    _assert_parity(results, ["z3 leaf module, prefetch off", "z3 leaf module, prefetch bucket 300"])
+
+
+@pytest.mark.zero3_contract("base-e", "With the default persistence threshold, persistent params stay gathered across steps, the rest are released, parity holds")
+def test_default_persistence(zero3_world):
+    """``stage3_param_persistence_threshold`` left at DeepSpeed's default (1e5 elements).
+
+    ``TableMLP``'s 131072-element embedding table exceeds it and must be partitioned after every
+    step; its Linear layers are under it, so DeepSpeed marks them ``ds_persist``: they are gathered
+    once and must stay gathered (all their elements present) across every forward, backward and
+    optimizer step, and the optimizer's updates must reach them.
+    """
+    result = _rank0(zero3_world.run(fb.parity, "table", default_persistence=True))
+    assert result["partitioned"] == ["table.weight"] and len(result["persistent"]) == 4, (
+        "scenario precondition: expected only table.weight (131072 elements) above the default threshold, got "
+        f"persistent={result['persistent']} partitioned={result['partitioned']}")
+    bad = [f"after step {s}: {v}" for s, lines in enumerate(result["persistence"]) for v in lines]
+    bad += [f"after step {s}: {v}" for s, lines in enumerate(result["lifecycle"]) for v in lines]
+    assert not bad, "persistent params must stay resident and the others be released:\n" + "\n".join(bad)
+    _assert_parity([result], ["TableMLP, default persistence threshold"])
+
+
+@pytest.mark.zero3_contract("base-f", "After every step each non-persistent param is NOT_AVAILABLE; ds_active_sub_modules and ds_recompute_parameters are empty")
+def test_released_after_every_step(zero3_world):
+    """Read after ``engine.step()`` in configurations that stress release.
+
+    Prefetch at the default bucket (params gathered far ahead), tied weights (two consumers), a z3
+    leaf, and non-reentrant activation checkpointing over a frozen layer (backward re-runs the
+    forward, and DeepSpeed attributes frozen params to the recomputing module through
+    ``ds_recompute_parameters``).  Anything still gathered or claimed after the step is memory
+    ZeRO-3 promised to free, and a claim blocks the next ``partition()``.
+    """
+    runs = [("mlp", {"zero": PREFETCH_DEFAULT}), ("tied", {"zero": PREFETCH_DEFAULT}),
+            ("leaf", {"zero": PREFETCH_ONE_LAYER}), ("ckpt", {}), ("ckpt", {"zero": PREFETCH_DEFAULT})]
+    results = _rank0(zero3_world.run(fb.parity_many, runs))
+    labels = [f"{m}, zero={kw.get('zero', {})}" for m, kw in runs]
+    bad = [f"{label}, after step {s}: {v}" for result, label in zip(results, labels)
+           for s, lines in enumerate(result["lifecycle"]) for v in lines]
+    assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
+    for result, (model, _) in zip(results, runs):
+        if model == "ckpt":
+            assert result["recomputed_forwards"] > 0, "scenario precondition: the checkpointed block was never recomputed"
+
+
+@pytest.mark.zero3_contract("base-g", "A change of module order re-records the trace: prefetch follows the new order and training equals plain torch")
+def test_module_order_change(zero3_world):
+    """``ReorderableMLP`` runs layers 0,1,2,3 for 5 steps, then 3,2,1,0 for 7 (plain torch does the same).
+
+    The recorded trace no longer describes the forward: a coordinator must notice, stop trusting it
+    (parity), record the new order and prefetch along it again.  Prefetch (bucket about one layer)
+    is observed at each layer's forward start: the next layer's params must be gathered or in
+    flight in steps 2-4 (old order) and in the last 3 steps (new order, after re-recording).
+    """
+    orders = [(0, 1, 2, 3)] * 5 + [(3, 2, 1, 0)] * 7
+    result = _rank0(zero3_world.run(fb.parity, "reorder", zero=PREFETCH_ONE_LAYER, steps=len(orders),
+                                    orders=orders, watch_prefetch=True))
+    checked = {2: "old order", 3: "old order", 4: "old order", 9: "new order", 10: "new order", 11: "new order"}
+    missed = [f"step {s} ({what}, order {orders[s]}): layer {nxt} not gathered or in flight when layer {cur} started"
+              for s, what in checked.items() for cur, nxt, fetched in result["prefetch"][s] if not fetched]
+    assert not missed, ("prefetch does not follow the recorded module order (the trace was not re-recorded?):\n"
+                        + "\n".join(missed))
+    _assert_parity([result], ["module order changed at step 5"])
+
+
+@pytest.mark.zero3_contract("base-h", "engine.eval() no-grad forwards equal the plain model, release every param, and training resumes with parity")
+def test_eval_forward(zero3_world):
+    """Train 3 steps, evaluate, repeat 3 times (prefetch off).
+
+    Eval forwards have no backward, so the coordinator sees a different module sequence than the
+    recorded training trace, and nothing (no backward, no optimizer step) releases params after
+    them but the coordinator itself.  Each eval forward (twice in eval mode, once in train mode
+    without grad) must equal the plain model trained as many steps, and training afterwards must
+    still match plain torch.
+    """
+    result = _rank0(zero3_world.run(fb.eval_forwards, zero={"stage3_max_reuse_distance": 0}))
+    problems = [f"after {e['after_steps']} steps, {c['name']}: max |diff| {c['max_abs']:.3g} vs plain model "
+                f"(worst element {c['worst_index']}: {c['got']!r} vs {c['want']!r}; bound atol {fb.ATOL:g} + "
+                f"rtol {fb.RTOL:g}*|plain|)"
+                for e in result["evals"] for c in e["eval"] + [e["train_mode"]] if not c["within"]]
+    problems += [f"after eval forwards following step {e['after_steps']}: {v}"
+                 for e, lines in zip(result["evals"], result["lifecycle"]) for v in lines]
+    problems += [f"after step {s}: {v}" for s, lines in enumerate(result["lifecycle_after_steps"]) for v in lines]
+    result["missing"], result["weights"] = [], []
+    problems += fb.parity_problems(result, "training interleaved with eval forwards")
+    assert not problems, "\n".join(problems)
