@@ -19,15 +19,16 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ranks import join_world, launch  # noqa: E402
 
 from fixtures.config import zero3_config  # noqa: E402
 from fixtures.engine import batch, coordinator, train_step  # noqa: E402
@@ -60,14 +61,8 @@ def run_one(adaptive, args, rank, layer):
 
 
 def worker(rank, args, store):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
-                      LOCAL_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29536")
-    torch.set_num_threads(1)
-    import deepspeed
+    join_world(rank, args.world, store)
     import reference_impl
-    from deepspeed.utils import logger
-    logger.setLevel("ERROR")
-    deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{store}", rank=rank, world_size=args.world)
     reference_impl.install()
     layer = args.width * args.width + args.width
     static = run_one(False, args, rank, layer)
@@ -103,8 +98,7 @@ def main():
     # init_distributed, and torch's shared default directory may hold another build's stale lock
     from pytest_zero3 import impl
     impl.prepare_process(impl.parse("reference"))
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker, args=(args, os.path.join(tmp, "store")), nprocs=args.world, start_method="spawn")
+    launch(worker, args)
 
 
 if __name__ == "__main__":

@@ -17,16 +17,17 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ranks import join_world, launch  # noqa: E402
 
 IMPLS = ("stock", "reference")
 
@@ -114,13 +115,7 @@ def run_one(impl, args, reuse_distance, rank):
 
 
 def worker(rank, args, store):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
-                      LOCAL_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
-    torch.set_num_threads(1)
-    import deepspeed
-    from deepspeed.utils import logger
-    logger.setLevel("ERROR")
-    deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{store}", rank=rank, world_size=args.world)
+    join_world(rank, args.world, store)
 
     if rank == 0:
         print(f"model: {args.layers} x Linear({args.width},{args.width}), batch {args.batch}/rank, {args.world} ranks, "
@@ -163,8 +158,7 @@ def main():
     parser.add_argument("--prefetch-bucket", type=int, default=2 * 256 * 257,
                         help="stage3_prefetch_bucket_size (default: about two layers)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker, args=(args, os.path.join(tmp, "store")), nprocs=args.world, start_method="spawn")
+    launch(worker, args)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,15 @@ This is the memory that issue 7670 is about (contract family 000); it is measure
 import argparse
 import os
 import sys
-import tempfile
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ranks import join_world, launch  # noqa: E402
 
 from fixtures.config import zero3_config  # noqa: E402
 from fixtures.models import MLP  # noqa: E402
@@ -92,13 +93,7 @@ def run_one(impl, bucket, args, rank):
 
 
 def worker(rank, args, store):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
-                      LOCAL_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29534")
-    torch.set_num_threads(1)
-    import deepspeed
-    from deepspeed.utils import logger
-    logger.setLevel("ERROR")
-    deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{store}", rank=rank, world_size=args.world)
+    join_world(rank, args.world, store)
     layer = args.width * args.width + args.width
     buckets = args.prefetch_bucket or [layer, int(5e7)]
     results = {(impl, b): run_one(impl, b, args, rank) for b in buckets for impl in IMPLS}
@@ -127,8 +122,7 @@ def main():
     parser.add_argument("--prefetch-bucket", type=int, action="append",
                         help="prefetch bucket size(s); default: one layer's numel, then 5e7")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker, args=(args, os.path.join(tmp, "store")), nprocs=args.world, start_method="spawn")
+    launch(worker, args)
 
 
 if __name__ == "__main__":

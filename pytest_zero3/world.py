@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
-import signal
 import sys
 import time
 import zlib

@@ -1,5 +1,4 @@
 """Options: --help, bad values as usage errors before collection, the header (issue: foundation §2)."""
-import sys
 
 import pytest
 

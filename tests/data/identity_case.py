@@ -1,8 +1,6 @@
 """Run by tests/test_spec_forms.py: reports what each rank actually imported and would construct."""
 import os
 
-import pytest
-
 
 def what_runs():
     import deepspeed
