@@ -14,8 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "bad_coordinators"
 
-pytest_plugins = ["pytester"]
-
 
 class Run:
     def __init__(self, proc, report_path):

@@ -25,3 +25,24 @@ def test_suite_flags_prefetch_skip_retention_with_000a(run_suite):
     failed_elsewhere = sorted(cid for cid, out in elsewhere.items() if out == "FAIL")
     assert not failed_elsewhere, (f"contracts outside family 000 fail on a coordinator whose only bug is the "
                                   f"prefetch-skip retention: {failed_elsewhere}\n{run.stdout[-4000:]}")
+
+
+IGNORES_REUSE_DISTANCE = f"{Path(__file__).parent / 'bad_coordinators' / 'ignores_reuse_distance.py'}:IgnoresReuseDistance"
+#: Measured: every family-000 contract that configures a non-zero distance fails.  000-b (default 1e9:
+#: each param is gathered again in backward), 000-d (a window of 2.5 layers keeps nothing) and 000-e
+#: (its window of a few layers, around a z3 leaf or a container, keeps nothing either: forcing 0
+#: breaks the window before the leaf-flag scan can matter).  000-a, 000-c and 000-f already run at
+#: distance 0 and 000-g compares losses only, so they pass.
+IGNORES_REUSE_DISTANCE_FLAGS = {"000-b", "000-d", "000-e"}
+
+
+def test_family_000_flags_ignored_reuse_distance(run_suite):
+    """Why: the fix of PR 9003 must not turn into "release everything": the default must still keep
+    params for backward (000-b) and a window must still keep what it covers (000-d, 000-e), while
+    the distance-0 contracts cannot tell this coordinator from the reference."""
+    run = run_suite(IGNORES_REUSE_DISTANCE, "000")
+    assert run.report is not None, f"no JSON report; pytest output:\n{run.stdout[-4000:]}"
+    outcomes = run.outcomes()
+    assert {"000-a", "000-c"} <= set(outcomes), f"distance-0 contracts did not run: {outcomes}"
+    assert run.failed_ids() == IGNORES_REUSE_DISTANCE_FLAGS, (
+        f"expected exactly {sorted(IGNORES_REUSE_DISTANCE_FLAGS)} to FAIL, got {outcomes}\n{run.stdout[-4000:]}")
