@@ -118,8 +118,12 @@ def test_bucket_within_bounds(zero3_world, start):
         f"max {high}, then no waits to min {low}")
 
 
-@pytest.mark.zero3_contract("003-d", "the bucket does not move while the trace is recorded or invalid, and "
-                                     "samples are discarded when the trace is invalidated")
+#: 003-d is checked by two scenarios (trace modes, and invalidation), both under one contract ID.
+CONTRACT_003D = pytest.mark.zero3_contract("003-d", "the bucket does not move while the trace is recorded or "
+                                                    "invalid, and samples are discarded when the trace is invalidated")
+
+
+@CONTRACT_003D
 @pytest.mark.zero3_timeout(60)
 def test_bucket_frozen_outside_complete_trace(zero3_world):
     """Why: recording and invalid passes never prefetch, so their waits say nothing about the bucket
@@ -143,8 +147,7 @@ def test_bucket_frozen_outside_complete_trace(zero3_world):
         f"proves nothing: {_trajectory(res)}")
 
 
-@pytest.mark.zero3_contract("003-d", "the bucket does not move while the trace is recorded or invalid, and "
-                                     "samples are discarded when the trace is invalidated")
+@CONTRACT_003D
 @pytest.mark.zero3_timeout(60)
 def test_samples_discarded_on_invalidation(zero3_world):
     """Why: samples of the old trace describe prefetches of a module order that no longer runs.
