@@ -21,7 +21,8 @@ class Run:
         self.report = json.loads(report_path.read_text()) if report_path.exists() else None
 
     def outcomes(self) -> dict:
-        """``{contract_id: outcome}`` from the JSON report."""
+        """``{contract_id: outcome}`` from the JSON report (which the run must have written)."""
+        assert self.report is not None, f"no JSON report; pytest output:\n{self.stdout[-4000:]}"
         return {c["id"]: c["outcome"] for c in self.report["contracts"]}
 
     def failed_ids(self) -> set:

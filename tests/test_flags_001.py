@@ -23,7 +23,6 @@ def test_family_001_flags_each_bad_cache(run_suite, bad_file, cls, flagged):
     """Why: each bug must be caught by the contract written for it and by no other, or the report
     would send a developer after the wrong fix."""
     run = run_suite(f"{BAD / bad_file}:{cls}", "001")
-    assert run.report is not None, f"no JSON report; pytest said:\n{run.stdout[-3000:]}"
     outcomes = run.outcomes()
     missing = [cid for cid in FAMILY if cid not in outcomes]
     assert not missing, f"contracts {missing} did not run against {cls}: {outcomes}\n{run.stdout[-3000:]}"

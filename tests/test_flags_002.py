@@ -23,7 +23,6 @@ def test_suite_flags_partition_frozen_during_recompute_with_002a(run_suite):
     """Why: 002-a is the contract the PR 8130 bug must trip; the bad coordinator differs from the
     reference only there, so every other family must still pass."""
     run = run_suite(BAD_COORDINATOR, "")
-    assert run.report is not None, f"no JSON report; pytest output:\n{run.stdout[-4000:]}"
     outcomes = run.outcomes()
     assert outcomes.get("002-a") == "FAIL", (
         f"002-a should flag partitioning frozen params during recompute, got {outcomes.get('002-a')!r}; "
