@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ranks import join_world, launch  # noqa: E402
 
-from fixtures.config import zero3_config  # noqa: E402
-from fixtures.engine import batch, coordinator, train_step  # noqa: E402
-from fixtures.models import MLP  # noqa: E402
+from pytest_zero3.fixtures.config import zero3_config  # noqa: E402
+from pytest_zero3.fixtures.engine import batch, coordinator, train_step  # noqa: E402
+from pytest_zero3.fixtures.models import MLP  # noqa: E402
 
 
 def run_one(adaptive, args, rank, layer):
@@ -62,7 +62,7 @@ def run_one(adaptive, args, rank, layer):
 
 def worker(rank, args, store):
     join_world(rank, args.world, store)
-    import reference_impl
+    from pytest_zero3 import reference_impl
     reference_impl.install()
     layer = args.width * args.width + args.width
     static = run_one(False, args, rank, layer)

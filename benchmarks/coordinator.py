@@ -81,7 +81,7 @@ class GatheredNumelProbe:
 
 def run_one(impl, args, reuse_distance, rank):
     import deepspeed
-    import reference_impl
+    from pytest_zero3 import reference_impl
     from deepspeed import comm as dist
 
     if impl == "reference":

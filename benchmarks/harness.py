@@ -24,7 +24,7 @@ def empty():
 
 
 def tiny():
-    from fixtures.baseline import tiny_steps
+    from pytest_zero3.fixtures.baseline import tiny_steps
     return tiny_steps()
 
 

@@ -1,6 +1,6 @@
 """Starting a benchmark's own CPU world: one spawned process per rank, joined through a FileStore.
 
-Benchmarks compare implementations inside the same ranks (``reference_impl.install()`` /
+Benchmarks compare implementations inside the same ranks (``pytest_zero3.reference_impl.install()`` /
 ``uninstall()`` between runs), so they start one long-lived world rather than a harness world per
 scenario.
 """

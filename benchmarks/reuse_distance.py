@@ -2,7 +2,7 @@
 
 Run as ``python benchmarks/reuse_distance.py``: it starts its own 2-rank gloo world on CPU and, in
 each rank, trains the same model on the same data twice: once with deepspeed's own coordinator
-(``reference_impl.uninstall()``) and once with the reference (``reference_impl.install()``).  During
+(``pytest_zero3.reference_impl.uninstall()``) and once with the reference (``pytest_zero3.reference_impl.install()``).  During
 the forward passes of the steps that follow the trace-recording step it samples, at every module's
 forward pre-hook (after DeepSpeed's fetch) and post-hook (after its release):
 
@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ranks import join_world, launch  # noqa: E402
 
-from fixtures.config import zero3_config  # noqa: E402
-from fixtures.models import MLP  # noqa: E402
+from pytest_zero3.fixtures.config import zero3_config  # noqa: E402
+from pytest_zero3.fixtures.models import MLP  # noqa: E402
 
 IMPLS = ("stock", "reference")
 
@@ -67,7 +67,7 @@ class ForwardPeak:
 
 def run_one(impl, bucket, args, rank):
     import deepspeed
-    import reference_impl
+    from pytest_zero3 import reference_impl
 
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()
     torch.manual_seed(0)

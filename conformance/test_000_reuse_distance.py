@@ -6,14 +6,14 @@ gathered" until the next use prefetch saw for it; with a complete trace prefetch
 use, so with prefetch on every forward-gathered param stays until backward, whatever the distance.
 Its reuse scan also reads the *released* module's z3-leaf flag for every scanned module.
 
-Scenarios are in :mod:`fixtures.family_000`; every figure is measured on real 2-rank engines, on the
+Scenarios are in :mod:`pytest_zero3.fixtures.family_000`; every figure is measured on real 2-rank engines, on the
 steps that follow the trace-recording step.
 """
 import math
 
 import pytest
 
-from fixtures import family_000 as f
+from pytest_zero3.fixtures import family_000 as f
 
 
 def _per_rank(results, check):

@@ -2,11 +2,11 @@
 
 A coordinator only decides *when* parameters are gathered and released; it must never change a
 number.  So training a model with ZeRO-3 on 2 ranks must reproduce a plain single-process torch run
-of the same model, seed and global batches (``fixtures.reference.train_plain``), and after every
+of the same model, seed and global batches (``pytest_zero3.fixtures.reference.train_plain``), and after every
 step the engine must be back to its resting state: non-persistent params partitioned, persistent
 params gathered, no module claiming a param.
 
-Tolerance (``fixtures.family_base.RTOL``/``ATOL`` = 1e-5 / 1e-6, elementwise, on the rank-averaged
+Tolerance (``pytest_zero3.fixtures.family_base.RTOL``/``ATOL`` = 1e-5 / 1e-6, elementwise, on the rank-averaged
 losses and on every final gathered weight, 10 steps of AdamW lr 1e-2): ZeRO-3 computes two
 half-batch gradients and averages them where plain torch computes one full-batch gradient, so the
 two differ by fp32 rounding, which Adam's normalisation carries into the weights.  Measured on
@@ -15,12 +15,12 @@ most 5e-7 (relative 1e-6 for the 131072-element table, 1e-5 for small weights ne
 under the bound).  A param used stale, half-gathered or reduced twice moves a weight by about the
 learning rate (1e-2) within a step.
 
-The models (``fixtures.models_extra``) are tiny and built from code; every scenario runs 10-12
+The models (``pytest_zero3.fixtures.models_extra``) are tiny and built from code; every scenario runs 10-12
 training steps and takes about a second per engine on a 2-core CPU box.
 """
 import pytest
 
-from fixtures import family_base as fb
+from pytest_zero3.fixtures import family_base as fb
 
 PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
 PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
@@ -67,7 +67,7 @@ def test_mlp_parity_prefetch_on(zero3_world):
 
 @pytest.mark.zero3_contract("base-c", "Tied weights and a module called twice train like plain torch, prefetch off and on")
 def test_tied_weights_parity(zero3_world):
-    """``dec.weight is enc.weight`` and ``mid`` runs twice per forward (``fixtures.models_extra.TiedMLP``).
+    """``dec.weight is enc.weight`` and ``mid`` runs twice per forward (``pytest_zero3.fixtures.models_extra.TiedMLP``).
 
     One Parameter with two consumer modules, and one module appearing twice in the trace: a
     coordinator that releases a param when *one* consumer finishes, or prefetches it again while it

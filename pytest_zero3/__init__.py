@@ -9,7 +9,22 @@ Public API (small on purpose):
   ``unsupported()``);
 * the markers ``zero3_contract``, ``zero3_world_size``, ``zero3_timeout`` and ``zero3_preload``.
 
+One namespace: the suite, its scenarios and the reference are ``pytest_zero3.conformance``,
+``pytest_zero3.fixtures`` and ``pytest_zero3.reference_impl``.  A wheel maps the repository's
+top-level folders into the package at build time (``package-dir`` in pyproject.toml); in a checkout
+(run in place or installed editable) those folders sit next to this package, so the package's
+search path is extended with the repository root, which makes the same import names work.
+
 Importing this package imports neither torch nor deepspeed.
 """
+import os as _os
 
 __version__ = "0.1.0"
+
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_root = _os.path.dirname(_here)
+if not _os.path.isdir(_os.path.join(_here, "conformance")) and _os.path.isfile(
+    _os.path.join(_root, "conformance", "__init__.py")
+):
+    __path__.append(_root)  # noqa: F821 - the package's own search path
+del _here, _root

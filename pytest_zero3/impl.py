@@ -130,13 +130,13 @@ def load_class(spec: Spec):
 def apply(spec: Spec) -> None:
     """Install the implementation in this process.  Called in every rank before the scenario runs."""
     if spec.kind == "reference":
-        import reference_impl
+        from pytest_zero3 import reference_impl
         reference_impl.install()
     elif spec.kind == "class":
         # The class replaces the name parameter_offload constructs (it imported the class by name, so
         # patching the defining module would have no effect), with the reference's fixes around the
         # coordinator, so the contracts judge the class and not DeepSpeed's leaks elsewhere.
-        import reference_impl
+        from pytest_zero3 import reference_impl
         reference_impl.install(coordinator=load_class(spec))
 
 

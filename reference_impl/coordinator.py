@@ -70,7 +70,7 @@ class ReferenceCoordinator:
     """Drop-in for deepspeed's ``PartitionedParameterCoordinator`` (see the module docstring).
 
     Takes the keywords ``DeepSpeedZeRoOffload`` passes (``timers`` is accepted and unused; unknown
-    future keywords are ignored) plus the adaptive-prefetch ones that :func:`reference_impl.install`
+    future keywords are ignored) plus the adaptive-prefetch ones that :func:`pytest_zero3.reference_impl.install`
     adds from the ``stage3_adaptive_prefetch_*`` config keys.
 
     Trace modes: *invalid* (nothing known; the next pass records), *record* (this pass appends every

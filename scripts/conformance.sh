@@ -6,11 +6,11 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 mkdir -p reports
-python -m pytest --pyargs conformance --zero3-impl=installed \
+python -m pytest --pyargs pytest_zero3.conformance --zero3-impl=installed \
     --zero3-expect=conformance/expectations/deepspeed-0.19.8.toml \
     --zero3-report=reports/installed.json --zero3-report-md=reports/installed.md "$@"
 stock=$?
-python -m pytest --pyargs conformance --zero3-impl=reference \
+python -m pytest --pyargs pytest_zero3.conformance --zero3-impl=reference \
     --zero3-report=reports/reference.json --zero3-report-md=reports/reference.md "$@"
 reference=$?
 echo "installed (with expectations): exit $stock; reference: exit $reference; reports in reports/"

@@ -22,7 +22,7 @@ def test_installed(run_pytest):
 
 def test_reference(run_pytest):
     _, cls = identity(run_pytest(CASE, "-s", "--zero3-impl=reference"))
-    assert cls == "reference_impl.coordinator.ReferenceCoordinator"
+    assert cls == "pytest_zero3.reference_impl.coordinator.ReferenceCoordinator"
 
 
 def test_fork_directory_is_imported_by_every_rank(run_pytest, fork_without_checkpoint_fix):

@@ -6,8 +6,8 @@ bucket shrinks when prefetch is too short and grows when it is not needed.  Rank
 numerics are untouched.  Contract **003-f** (the controller adapts in the right direction) must
 flag it, and no other 003 contract.
 """
-from reference_impl.adaptive import AdaptivePrefetchBucket
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.adaptive import AdaptivePrefetchBucket
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class _InvertedBucket(AdaptivePrefetchBucket):

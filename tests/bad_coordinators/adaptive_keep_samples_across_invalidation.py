@@ -6,8 +6,8 @@ them; only the controller's own reset after a decision (a new interval) still em
 first decision under the new trace is made from waits of the old one.  Contract **003-d** must
 flag it, and no other 003 contract.
 """
-from reference_impl.adaptive import AdaptivePrefetchBucket
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.adaptive import AdaptivePrefetchBucket
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class _KeepSamples(AdaptivePrefetchBucket):

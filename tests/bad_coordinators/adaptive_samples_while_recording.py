@@ -6,7 +6,7 @@ version of PR 8431 sampled unconditionally), so the controller reaches a decisio
 bucket, before or right after a re-recorded trace.  Contract **003-d** must flag it, and no other
 003 contract.
 """
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class SamplesWhileRecording(ReferenceCoordinator):

@@ -6,7 +6,7 @@ PR leaves unchanged (params stay resident from forward through backward).  Famil
 on the contracts that configure a non-zero distance (measured, see tests/test_flags_000.py) and
 pass the distance-0 ones (000-a, 000-c), where forcing 0 changes nothing.
 """
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class IgnoresReuseDistance(ReferenceCoordinator):

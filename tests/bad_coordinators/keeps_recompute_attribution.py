@@ -15,7 +15,7 @@ unfinished backward module), so a bug confined to ``release_and_reset_all`` or
 erased by the safety net.  Contract **base-f** must flag it, and no other baseline contract (only
 its checkpointed model recomputes frozen params).
 """
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 def _attributions(modules):

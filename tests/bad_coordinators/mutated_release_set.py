@@ -9,7 +9,7 @@ release of a module mutates the set its forward release reads on the next step. 
 trace and keyed by ds_id, so only the mutation is reintroduced.  Contract 001-c must flag it (its
 reuse-one-layer case) and nothing else.
 """
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class _MutableSetTrace:

@@ -15,7 +15,7 @@ import torch
 from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.utils import z3_leaf_module
 
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class PartitionFrozenDuringRecompute(ReferenceCoordinator):

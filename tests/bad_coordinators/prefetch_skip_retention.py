@@ -13,8 +13,8 @@ Use: ``--zero3-impl=tests/bad_coordinators/prefetch_skip_retention.py:PrefetchSk
 Importing this file installs ``reference_impl`` (its engine-lifecycle and config patches), so that
 the only difference from ``--zero3-impl=reference`` is this class.
 """
-import reference_impl
-from reference_impl import ReferenceCoordinator
+from pytest_zero3 import reference_impl
+from pytest_zero3.reference_impl import ReferenceCoordinator
 
 reference_impl.install()
 

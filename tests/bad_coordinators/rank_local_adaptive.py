@@ -8,8 +8,8 @@ This subclass of the reference coordinator keeps everything else (trace-gated sa
 start, injectable clock) and drops only the all-reduce of the wait ratio: each rank decides from its
 own ratio.  Contract 003-b must flag it, without hanging the run, and no other 003 contract.
 """
-from reference_impl.adaptive import AdaptivePrefetchBucket
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.adaptive import AdaptivePrefetchBucket
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class _RankLocalBucket(AdaptivePrefetchBucket):

@@ -6,7 +6,7 @@ MoE routing) a (module, step) seen under the old order is answered with the old 
 It holds no module or coordinator (ds_ids only) and hands out frozensets, so only staleness is
 reintroduced.  Contract 001-b must flag it (and only it).
 """
-from reference_impl.coordinator import ReferenceCoordinator
+from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class _StaleTrace:
