@@ -22,9 +22,7 @@ def _per_rank(results, check):
     return "\n".join(errors)
 
 
-@pytest.mark.zero3_contract("000-a", "reuse distance 0 with prefetch on: params of modules whose forward has "
-                                     "completed are released; already-run modules never hold more than the "
-                                     "running module")
+@pytest.mark.zero3_contract("000-a")
 @pytest.mark.parametrize("bucket", [f.SMALL_BUCKET, f.HUGE_BUCKET], ids=["small-bucket", "1e9-bucket"])
 def test_distance_zero_releases_with_prefetch(zero3_world, bucket):
     """Why: issue 7670. Prefetch sees the backward reuse of forward-gathered params; if that skip
@@ -42,8 +40,7 @@ def test_distance_zero_releases_with_prefetch(zero3_world, bucket):
     assert not message, (f"stage3_max_reuse_distance=0, prefetch bucket {bucket:g}, 6 x Linear(64,64):\n{message}")
 
 
-@pytest.mark.zero3_contract("000-b", "the default reuse distance keeps params reused within it: no param is "
-                                     "all-gathered twice within one forward+backward")
+@pytest.mark.zero3_contract("000-b")
 def test_default_distance_gathers_each_param_once(zero3_world):
     """Why: the fix must not change the default (1e9 covers the whole trace): a param gathered in
     forward stays for its backward use, so each param is all-gathered exactly once per step.  A
@@ -62,8 +59,7 @@ def test_default_distance_gathers_each_param_once(zero3_world):
     assert not message, f"default stage3_max_reuse_distance (1e9), prefetch bucket {f.SMALL_BUCKET}:\n{message}"
 
 
-@pytest.mark.zero3_contract("000-c", "reuse distance 0 with prefetch off releases each module's params when "
-                                     "its forward ends")
+@pytest.mark.zero3_contract("000-c")
 def test_distance_zero_releases_without_prefetch(zero3_world):
     """Why: without prefetch nothing is re-gathered early, so at distance 0 no already-run layer may
     hold a gathered param, and nothing is left gathered when the forward returns."""
@@ -78,8 +74,7 @@ def test_distance_zero_releases_without_prefetch(zero3_world):
     assert not message, f"stage3_max_reuse_distance=0, prefetch off, 6 x Linear(64,64):\n{message}"
 
 
-@pytest.mark.zero3_contract("000-d", "a reuse distance of a few layers keeps exactly the params whose next use "
-                                     "lies within the window of the recorded module order")
+@pytest.mark.zero3_contract("000-d")
 @pytest.mark.parametrize("bucket", [0, f.SMALL_BUCKET], ids=["no-prefetch", "small-bucket"])
 def test_window_keeps_exactly_the_reused_params(zero3_world, bucket):
     """Why: the window is the only reason to keep a param past its module.  A distance of 2.5 layers
@@ -89,8 +84,7 @@ def test_window_keeps_exactly_the_reused_params(zero3_world, bucket):
     _assert_rule(results, f"6 x Linear(64,64), prefetch bucket {bucket}")
 
 
-@pytest.mark.zero3_contract("000-e", "each module scanned in the reuse window counts its params by its own "
-                                     "z3-leaf flag")
+@pytest.mark.zero3_contract("000-e")
 @pytest.mark.parametrize("model,layers", [("leaf_in_window", 5), ("container_in_window", 4)],
                          ids=["leaf-in-window", "container-in-window"])
 def test_window_scan_uses_each_modules_leaf_flag(zero3_world, model, layers):
@@ -119,8 +113,7 @@ def _assert_rule(results, what):
                          f"the reuse-distance rule:\n{message}")
 
 
-@pytest.mark.zero3_contract("000-f", "NVMe param offload trains several steps at reuse distance 0 without "
-                                     "running out of swap buffers")
+@pytest.mark.zero3_contract("000-f")
 @pytest.mark.zero3_timeout(600)  # a first run JIT-builds the async_io op inside the ranks
 def test_nvme_offload_with_distance_zero(zero3_world):
     """Why: releasing an NVMe param also returns its swap-in buffer; if release stops following the
@@ -137,7 +130,7 @@ def test_nvme_offload_with_distance_zero(zero3_world):
             f"offload: losses {losses} vs {in_memory}")
 
 
-@pytest.mark.zero3_contract("000-g", "losses at reuse distance 0 equal those at the default distance")
+@pytest.mark.zero3_contract("000-g")
 def test_distance_changes_memory_not_math(zero3_world):
     """Why: release and re-gather move the same values; the distance trades memory for
     communication and must not change a single loss."""

@@ -26,8 +26,7 @@ LIFECYCLES = 10
 RSS_BOUND_MIB = 16.0
 
 
-@pytest.mark.zero3_contract("001-a", "no coordinator, engine, module or parameter survives destroy() + gc; "
-                                     "10 lifecycles in one process leave none alive")
+@pytest.mark.zero3_contract("001-a")
 @pytest.mark.zero3_timeout(120)
 def test_no_engine_survives_destroy(zero3_world):
     """Why: the class-level lru_cache (and FWD_MODULE_STACK) keyed strong references to every
@@ -51,8 +50,7 @@ def test_no_engine_survives_destroy(zero3_world):
                                        f"{LIFECYCLES} (bound {RSS_BOUND_MIB} MiB): {rss}")
 
 
-@pytest.mark.zero3_contract("001-b", "after the module order changes (branch switch, skipped module) release "
-                                     "decisions follow the re-recorded trace; losses match plain torch")
+@pytest.mark.zero3_contract("001-b")
 @pytest.mark.zero3_timeout(120)
 def test_release_follows_rerecorded_trace(zero3_world):
     """Why: a cache that outlives the trace it was computed from serves release decisions of the
@@ -91,8 +89,7 @@ def test_release_follows_rerecorded_trace(zero3_world):
         f"layers, as ZeRO's flat AdamW):\n{plain}")
 
 
-@pytest.mark.zero3_contract("001-c", "with activation checkpointing and frozen params, which params each module's "
-                                     "forward releases is identical on steps k, k+1, k+2")
+@pytest.mark.zero3_contract("001-c")
 @pytest.mark.parametrize("distance", [0, f.ONE_LAYER_WINDOW], ids=["reuse-0", "reuse-one-layer"])
 @pytest.mark.zero3_timeout(120)
 def test_release_sets_not_mutated(zero3_world, distance):
@@ -125,8 +122,7 @@ def test_release_sets_not_mutated(zero3_world, distance):
                            f"trace): {base}; then\n  " + "\n  ".join(diffs))
 
 
-@pytest.mark.zero3_contract("001-d", "whatever is cached for release decisions does not grow over 50 steps once "
-                                     "the trace is complete")
+@pytest.mark.zero3_contract("001-d")
 @pytest.mark.zero3_timeout(120)
 def test_release_cache_is_bounded(zero3_world):
     """Why: a cache keyed by anything that changes per step (a step counter that is never reset,

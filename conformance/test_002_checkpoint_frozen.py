@@ -35,8 +35,7 @@ def _assert_finite(losses):
     assert all(math.isfinite(x) for x in losses), f"non-finite loss: {losses}"
 
 
-@pytest.mark.zero3_contract("002-a", "non-reentrant checkpoint of blocks with frozen LayerNorm + trainable "
-                                     "Linear trains 4 steps without CheckpointError or shape error")
+@pytest.mark.zero3_contract("002-a")
 def test_frozen_params_survive_non_reentrant_recompute(zero3_world):
     """The PR 8130 MRE: a recompute must see the frozen LayerNorm weight/bias at the shape checkpoint saved."""
     result = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("norm",), steps=4)[0]
@@ -46,9 +45,7 @@ def test_frozen_params_survive_non_reentrant_recompute(zero3_world):
 
 
 @pytest.mark.parametrize("gas", [1, 2], ids=["gas1", "gas2"])
-@pytest.mark.zero3_contract("002-b", "after every backward of a checkpointed model with frozen params, every "
-                                     "param is NOT_AVAILABLE and no ds_active_sub_modules / "
-                                     "ds_recompute_parameters are left (also with gradient accumulation)")
+@pytest.mark.zero3_contract("002-b")
 def test_everything_released_after_each_backward(zero3_world, gas):
     """Frozen params the recompute gathered belong to the backward that needed them: released with it."""
     result = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("norm",), steps=2, gas=gas)[0]
@@ -56,9 +53,7 @@ def test_everything_released_after_each_backward(zero3_world, gas):
     _assert_clean_after_backward(result)
 
 
-@pytest.mark.zero3_contract("002-c", "a checkpointed block whose input does not require grad (frozen layer, then "
-                                     "trainable layer) leaves nothing gathered after each of 2 micro-batches "
-                                     "before step()")
+@pytest.mark.zero3_contract("002-c")
 def test_no_grad_block_input_released_across_micro_batches(zero3_world):
     """The PR 8130 review case: such a block never gets its post-backward hook, so the recompute's
     gathers must be released at the end of backward, not left until the optimizer step."""
@@ -68,8 +63,7 @@ def test_no_grad_block_input_released_across_micro_batches(zero3_world):
     _assert_clean_after_backward(result)
 
 
-@pytest.mark.zero3_contract("002-d", "reentrant checkpointing (use_reentrant=True) of blocks with frozen params "
-                                     "keeps training, and releases everything after each backward")
+@pytest.mark.zero3_contract("002-d")
 def test_reentrant_checkpointing_keeps_working(zero3_world):
     """The fix for the non-reentrant path must not break the reentrant one (its recompute runs in a
     nested backward, also with a graph task id)."""
@@ -81,9 +75,7 @@ def test_reentrant_checkpointing_keeps_working(zero3_world):
 
 @pytest.mark.zero3_preload("transformers", "peft")
 @pytest.mark.zero3_timeout(240)
-@pytest.mark.zero3_contract("002-e", "tiny Llama + PEFT LoRA with HF gradient checkpointing (use_reentrant=False) "
-                                     "under ZeRO-3 trains 3 steps: finite, decreasing loss, all params "
-                                     "partitioned after each backward")
+@pytest.mark.zero3_contract("002-e")
 def test_hf_llama_lora_gradient_checkpointing(zero3_world):
     """The real case behind the bug reports: transformers + peft, built from a config (nothing downloaded)."""
     missing = [m for m in ("transformers", "peft") if importlib.util.find_spec(m) is None]
@@ -99,8 +91,7 @@ def test_hf_llama_lora_gradient_checkpointing(zero3_world):
     _assert_clean_after_backward(result)
 
 
-@pytest.mark.zero3_contract("002-f", "a checkpointed run has the losses of the same run without checkpointing, "
-                                     "and the trainable params' gradients of a plain torch run")
+@pytest.mark.zero3_contract("002-f")
 def test_checkpointed_run_matches_unchecked_and_plain_torch(zero3_world):
     """Recompute must run on the same full weights as the forward: any difference is a wrong gather."""
     import torch
@@ -127,8 +118,7 @@ def test_checkpointed_run_matches_unchecked_and_plain_torch(zero3_world):
 
 
 @pytest.mark.parametrize("frozen", [(), ("norm",)], ids=["all-trainable", "frozen-norms"])
-@pytest.mark.zero3_contract("002-g", "with set_checkpoint_early_stop(False) (the recompute runs the whole block) "
-                                     "checkpointing under ZeRO-3 trains and releases everything after each backward")
+@pytest.mark.zero3_contract("002-g")
 def test_recompute_without_early_stop(zero3_world, frozen):
     """A full-block recompute re-runs the post-hook of the module whose backward is about to use its
     params: partitioning them there breaks AccumulateGrad ("size of tensor a (0) must match ...")."""

@@ -41,7 +41,7 @@ def _rank0(per_rank):
     return first
 
 
-@pytest.mark.zero3_contract("base-a", "An MLP trained 10 steps with ZeRO-3 (prefetch off) equals plain torch: losses and final weights")
+@pytest.mark.zero3_contract("base-a")
 def test_mlp_parity_prefetch_off(zero3_world):
     """The simplest possible run: every param fetched on demand and released after use.
 
@@ -52,7 +52,7 @@ def test_mlp_parity_prefetch_off(zero3_world):
     _assert_parity([result], ["MLP, prefetch off"])
 
 
-@pytest.mark.zero3_contract("base-b", "With prefetch on (one-layer and default 5e7 buckets) ZeRO-3 training still equals plain torch")
+@pytest.mark.zero3_contract("base-b")
 def test_mlp_parity_prefetch_on(zero3_world):
     """Prefetch gathers params ahead along the recorded trace, from step 1 on.
 
@@ -65,7 +65,7 @@ def test_mlp_parity_prefetch_on(zero3_world):
     _assert_parity(results, ["MLP, prefetch bucket 300", "MLP, prefetch bucket 5e7"])
 
 
-@pytest.mark.zero3_contract("base-c", "Tied weights and a module called twice train like plain torch, prefetch off and on")
+@pytest.mark.zero3_contract("base-c")
 def test_tied_weights_parity(zero3_world):
     """``dec.weight is enc.weight`` and ``mid`` runs twice per forward (``pytest_zero3.fixtures.models_extra.TiedMLP``).
 
@@ -77,7 +77,7 @@ def test_tied_weights_parity(zero3_world):
     _assert_parity(results, ["tied weights, prefetch off", "tied weights, prefetch bucket 5e7"])
 
 
-@pytest.mark.zero3_contract("base-d", "A z3 leaf module (set_z3_leaf_modules) gathers its whole subtree at once and trains like plain torch")
+@pytest.mark.zero3_contract("base-d")
 def test_z3_leaf_module_parity(zero3_world):
     """``Experts`` calls its two children in a per-sample, data-dependent order (``models_extra.LeafModel``).
 
@@ -93,7 +93,7 @@ def test_z3_leaf_module_parity(zero3_world):
     _assert_parity(results, ["z3 leaf module, prefetch off", "z3 leaf module, prefetch bucket 300"])
 
 
-@pytest.mark.zero3_contract("base-e", "With the default persistence threshold, persistent params stay gathered across steps, the rest are released, parity holds")
+@pytest.mark.zero3_contract("base-e")
 def test_default_persistence(zero3_world):
     """``stage3_param_persistence_threshold`` left at DeepSpeed's default (1e5 elements).
 
@@ -112,7 +112,7 @@ def test_default_persistence(zero3_world):
     _assert_parity([result], ["TableMLP, default persistence threshold"])
 
 
-@pytest.mark.zero3_contract("base-f", "After every step each non-persistent param is NOT_AVAILABLE; ds_active_sub_modules and ds_recompute_parameters are empty")
+@pytest.mark.zero3_contract("base-f")
 def test_released_after_every_step(zero3_world):
     """Read after ``engine.step()`` in configurations that stress release.
 
@@ -134,7 +134,7 @@ def test_released_after_every_step(zero3_world):
             assert result["recomputed_forwards"] > 0, "scenario precondition: the checkpointed block was never recomputed"
 
 
-@pytest.mark.zero3_contract("base-g", "A change of module order re-records the trace: prefetch follows the new order and training equals plain torch")
+@pytest.mark.zero3_contract("base-g")
 def test_module_order_change(zero3_world):
     """``ReorderableMLP`` runs layers 0,1,2,3 for 5 steps, then 3,2,1,0 for 7 (plain torch does the same).
 
@@ -154,7 +154,7 @@ def test_module_order_change(zero3_world):
     _assert_parity([result], ["module order changed at step 5"])
 
 
-@pytest.mark.zero3_contract("base-h", "engine.eval() no-grad forwards equal the plain model, release every param, and training resumes with parity")
+@pytest.mark.zero3_contract("base-h")
 def test_eval_forward(zero3_world):
     """Train 3 steps, evaluate, repeat 3 times (prefetch off).
 

@@ -25,7 +25,12 @@ from typing import Optional
 
 from pytest_zero3 import protocol
 
-SPEC_ENV = "PYTEST_ZERO3_SPEC"
+#: Oldest deepspeed the plugin runs on (the suite was run against it; see README "Results").
+MIN_DEEPSPEED = "0.19.2"
+#: Oldest deepspeed the reference (and a ``module:Class`` spec, which runs inside it) works with: it
+#: wraps ``DeepSpeedZeRoOffload.release_backward_leftovers``, which DeepSpeed added in 0.19.3 with the
+#: activation-checkpoint fix.
+MIN_DEEPSPEED_REFERENCE = "0.19.3"
 
 
 class SpecError(Exception):
@@ -75,27 +80,52 @@ def parse(text: str) -> Spec:
     return Spec(text, "fork", fork_dir=path)
 
 
-def prepare_process(spec: Spec) -> None:
-    """Make this process (and every process it starts) import deepspeed from the right place.
+def import_path(spec: Spec) -> Optional[str]:
+    """The directory to put first on the import path of pytest, the forkserver and every rank, if any."""
+    return spec.fork_dir if spec.kind == "fork" else None
 
-    Also gives each deepspeed version its own JIT extension directory: DeepSpeed builds its CPU comm
-    op there, and two versions sharing torch's default directory load each other's builds.
+
+def extensions_dir(spec: Spec) -> str:
+    """A JIT extension directory of this deepspeed version and path (set unless the user set one).
+
+    DeepSpeed builds its CPU comm op there; two versions sharing torch's default directory load each
+    other's builds, and torch rebuilds an op whose sources or include paths changed, so one directory
+    per package path keeps a fork and the installed package from rebuilding each other's op.
     """
-    os.environ[SPEC_ENV] = spec.text
-    if spec.kind == "fork":
-        if sys.path[:1] != [spec.fork_dir]:
-            sys.path.insert(0, spec.fork_dir)
-        old = os.environ.get("PYTHONPATH", "")
-        if not old.split(os.pathsep)[:1] == [spec.fork_dir]:
-            os.environ["PYTHONPATH"] = spec.fork_dir + (os.pathsep + old if old else "")
-    if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        import zlib
-        info = describe_without_import(spec)
-        # torch rebuilds an op whose sources or include paths changed: one directory per package path
-        # keeps a fork and the installed package from rebuilding each other's op on every run.
-        tag = f"deepspeed-{info.get('deepspeed', 'unknown')}-{zlib.crc32(info.get('deepspeed_path', '').encode()):08x}"
-        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(
-            os.path.expanduser("~"), ".cache", "pytest-zero3", "torch_extensions", tag)
+    import zlib
+    info = describe_without_import(spec)
+    tag = f"deepspeed-{info.get('deepspeed', 'unknown')}-{zlib.crc32(info.get('deepspeed_path', '').encode()):08x}"
+    return os.path.join(os.path.expanduser("~"), ".cache", "pytest-zero3", "torch_extensions", tag)
+
+
+def prepare_process(spec: Spec) -> None:
+    """For scripts that start worlds outside pytest (benchmarks): the fork first on the import path,
+    and :func:`extensions_dir` unless one is set.  Changes this process for good; the plugin does the
+    same only for the length of a session that uses it."""
+    path = import_path(spec)
+    if path and sys.path[:1] != [path]:
+        sys.path.insert(0, path)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(spec))
+
+
+def check_version(spec: Spec) -> None:
+    """:class:`SpecError` when the deepspeed this spec runs on is older than it needs."""
+    found = describe_without_import(spec).get("deepspeed", "")
+    need = MIN_DEEPSPEED_REFERENCE if spec.kind in ("reference", "class") else MIN_DEEPSPEED
+    have = _release(found)
+    if have is None or have >= _release(need):
+        return  # an unreadable version is reported in the header, not guessed at
+    what = {"reference": "the reference coordinator", "class": "a coordinator class (it runs inside the reference's "
+            "fixes)"}.get(spec.kind, "pytest-zero3")
+    raise SpecError(f"--zero3-impl={spec.text!r}: {what} needs deepspeed >= {need}, found {found}. "
+                    f"Install a newer one (pip install 'deepspeed>={need}').")
+
+
+def _release(version: str):
+    """``(major, minor, patch)`` of a version string, or None when it does not start with one."""
+    import re
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    return tuple(int(x or 0) for x in match.groups()) if match else None
 
 
 def load_class(spec: Spec):
@@ -151,8 +181,9 @@ def identity() -> dict:
         import deepspeed
         from deepspeed.runtime.zero import parameter_offload
         cls = parameter_offload.PartitionedParameterCoordinator
-        info.update(deepspeed=str(deepspeed.__version__), deepspeed_path=os.path.dirname(deepspeed.__file__),
-                    coordinator=f"{cls.__module__}.{cls.__qualname__}")
+        path = os.path.dirname(deepspeed.__file__)
+        version = _checkout_version(path) or str(deepspeed.__version__)  # a checkout says 0.0.0 itself
+        info.update(deepspeed=version, deepspeed_path=path, coordinator=f"{cls.__module__}.{cls.__qualname__}")
     except Exception as exc:  # reported, not fatal: the header should still print
         info["deepspeed_error"] = f"{type(exc).__name__}: {exc}"
     return info
@@ -166,11 +197,14 @@ def describe_without_import(spec: Spec) -> dict:
         info["torch"] = metadata.version("torch")
     except metadata.PackageNotFoundError:
         info["torch"] = "not installed"
-    found = importlib.util.find_spec("deepspeed")
-    if found is None or not found.origin:
-        info["deepspeed"] = "not importable"
-        return info
-    info["deepspeed_path"] = os.path.dirname(found.origin)
+    if spec.kind == "fork":  # imported from there once the session starts, whatever sys.path says now
+        info["deepspeed_path"] = os.path.join(spec.fork_dir, "deepspeed")
+    else:
+        found = importlib.util.find_spec("deepspeed")
+        if found is None or not found.origin:
+            info["deepspeed"] = "not importable"
+            return info
+        info["deepspeed_path"] = os.path.dirname(found.origin)
     info["deepspeed"] = _deepspeed_version(info["deepspeed_path"])
     return info
 
@@ -178,12 +212,66 @@ def describe_without_import(spec: Spec) -> dict:
 def _deepspeed_version(package_dir: str) -> str:
     """The version of the deepspeed package in ``package_dir``, read from its files, not imported."""
     import re
+    checkout = _checkout_version(package_dir)
+    if checkout:
+        return checkout
     installed = os.path.join(package_dir, "git_version_info_installed.py")
     if os.path.isfile(installed):
-        match = re.search(r"^version\s*=\s*['\"]([^'\"]+)", open(installed).read(), re.M)
+        with open(installed) as fh:
+            match = re.search(r"^version\s*=\s*['\"]([^'\"]+)", fh.read(), re.M)
         if match:
             return match.group(1)
-    version_txt = os.path.join(os.path.dirname(package_dir), "version.txt")
-    if os.path.isfile(version_txt):
-        return open(version_txt).read().strip()
     return "unknown"
+
+
+def _checkout_version(package_dir: str) -> Optional[str]:
+    """``version.txt`` of the DeepSpeed source checkout ``package_dir`` lies in, plus its git commit; or None.
+
+    A checkout is not built, so deepspeed itself reports 0.0.0 there.
+    """
+    root = os.path.dirname(package_dir)
+    try:
+        with open(os.path.join(root, "version.txt")) as fh:
+            version = fh.read().strip()
+    except OSError:
+        return None
+    commit = _git_commit(root)
+    return f"{version} (git {commit})" if commit else version
+
+
+def _git_commit(root: str) -> Optional[str]:
+    """The commit checked out in ``root``, read from ``.git`` without running git (12 hex digits)."""
+    git = os.path.join(root, ".git")
+    try:
+        if os.path.isfile(git):  # a worktree or submodule: "gitdir: PATH"
+            with open(git) as fh:
+                git = os.path.join(root, fh.read().split(":", 1)[1].strip())
+        with open(os.path.join(git, "HEAD")) as fh:
+            head = fh.read().strip()
+        if not head.startswith("ref:"):
+            return head[:12]
+        ref = head[4:].strip()
+        for base in (git, _common_dir(git)):
+            try:
+                with open(os.path.join(base, ref)) as fh:
+                    return fh.read().strip()[:12]
+            except OSError:
+                pass
+            try:
+                with open(os.path.join(base, "packed-refs")) as fh:
+                    for line in fh:
+                        if line.rstrip().endswith(" " + ref):
+                            return line.split()[0][:12]
+            except OSError:
+                pass
+    except (OSError, IndexError):
+        return None
+    return None
+
+
+def _common_dir(git: str) -> str:
+    try:
+        with open(os.path.join(git, "commondir")) as fh:
+            return os.path.join(git, fh.read().strip())
+    except OSError:
+        return git

@@ -14,6 +14,9 @@ import pytest
 from pytest_zero3 import impl
 
 DEFAULT_TIMEOUT = 180.0
+#: Option dest -> default, for every option of the group (see :func:`asked`).
+DEFAULTS = dict(zero3_impl="installed", zero3_world_size=2, zero3_backend="auto", zero3_timeout=DEFAULT_TIMEOUT,
+                zero3_select=None, zero3_report=None, zero3_report_md=None, zero3_expect=None, zero3_strict=False)
 
 
 def add_options(parser) -> None:
@@ -50,10 +53,11 @@ class Settings:
 
 
 def settings_from(config) -> Settings:
-    """Validate the options; raise :class:`pytest.UsageError` naming the fix."""
+    """Validate the options; raise :class:`pytest.UsageError` naming the fix.  Changes nothing."""
     opt = config.getoption
     try:
         spec = impl.parse(opt("--zero3-impl"))
+        impl.check_version(spec)
     except impl.SpecError as exc:
         raise pytest.UsageError(str(exc)) from None
     size = opt("--zero3-world-size")
@@ -68,14 +72,16 @@ def settings_from(config) -> Settings:
         if gpus < size:
             raise pytest.UsageError(f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
                                     f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size.")
-    impl.prepare_process(spec)
-    if spec.kind == "class":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu" if backend != "nccl" and gpu_count() < size else "cuda")
-        try:
-            impl.load_class(spec)
-        except impl.SpecError as exc:
-            raise pytest.UsageError(str(exc)) from None
     return Settings(spec, size, backend, timeout)
+
+
+def asked(config, args=()) -> bool:
+    """Whether the run asked for pytest-zero3: a ``--zero3-*`` option on the command line (or in
+    addopts, given as ``args``), or, where pytest-xdist builds a worker's options without its command
+    line, an option that differs from its default."""
+    if any(str(a).startswith("--zero3-") for a in (*config.invocation_params.args, *args)):
+        return True
+    return any(getattr(config.option, dest, default) != default for dest, default in DEFAULTS.items())
 
 
 def gpu_count() -> int:
@@ -87,10 +93,14 @@ def gpu_count() -> int:
 
 
 def resolve_backend(settings: Settings, size: int) -> str:
-    """The backend for a world of ``size`` ranks; sets DS_ACCELERATOR to match before any rank starts."""
+    """The backend for a world of ``size`` ranks (DS_ACCELERATOR must match: see :func:`accelerator`)."""
     backend = settings.backend
     if backend == "auto":
         backend = "nccl" if gpu_count() >= size else "gloo"
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if backend == "nccl" else "cpu")
     settings.resolved_backend = backend
     return backend
+
+
+def accelerator(backend: str) -> str:
+    """The DS_ACCELERATOR value for a torch.distributed backend."""
+    return "cuda" if backend == "nccl" else "cpu"

@@ -7,9 +7,34 @@ faulthandler stack).  Everything here is plain data so it pickles across the pro
 from __future__ import annotations
 
 import dataclasses
+import enum
 import signal
 from typing import Any, List, Optional
 
+
+class Outcome(str, enum.Enum):
+    """A contract's verdict in the report.  The values are the report's stable JSON words."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    KNOWN_FAILURE = "known_failure"  # failed, and --zero3-expect lists it
+    UNEXPECTED_PASS = "unexpected_pass"  # passed, but --zero3-expect lists it as failing
+    UNSUPPORTED = "unsupported"  # the implementation lacks a feature the contract needs
+    SKIPPED = "skipped"
+    NOT_RUN = "not_run"  # registered, selected, but no test of it ran (deselected by -k, interrupted)
+
+    @property
+    def label(self) -> str:
+        """How the terminal and Markdown tables show it."""
+        return {"fail": "FAIL", "known_failure": "known failure", "unexpected_pass": "unexpected pass",
+                "not_run": "not run"}.get(self.value, self.value)
+
+
+#: Worst first: a contract row shows its worst test.
+SEVERITY = (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.UNEXPECTED_PASS, Outcome.UNSUPPORTED,
+            Outcome.SKIPPED, Outcome.PASS, Outcome.NOT_RUN)
+
+# A rank's status in one scenario run (also stable lowercase words in the report's "ranks").
 PASSED = "passed"
 RAISED = "raised"
 SKIPPED = "skipped"

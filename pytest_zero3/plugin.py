@@ -1,48 +1,184 @@
 """pytest entry point of pytest-zero3 (``pytest11`` entry point ``zero3``).
 
-Thin on purpose: each hook delegates to the module that does the work.  Loading this module imports
-neither torch nor deepspeed; they are imported when a zero3 test actually runs.
+The plugin is a guest: a run that passes no ``--zero3-*`` option and collects no test that uses
+``zero3_world`` or carries ``zero3_contract`` sees no change at all (environment, signal handlers,
+atexit hooks, output, imports).  Its state lives in one :class:`Zero3Session` registered as a plugin
+(as pytest-xdist registers its session object); it activates when asked or on first use, sets up the
+process when the first world starts, and undoes that at the end of the session.
 """
 from __future__ import annotations
 
 import atexit
+import os
+import signal
+import sys
 
 import pytest
 
 from pytest_zero3 import launcher, markers, options, spawner
 
-_SETTINGS = pytest.StashKey()
+PLUGIN_NAME = "zero3-session"
+_ASKED = pytest.StashKey()
 
 
 def pytest_addoption(parser):
     options.add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """``pytest --zero3-impl=SPEC`` with no test path runs the conformance suite, from any directory
+    (also where an ini file's ``testpaths`` would pick other tests); given paths are left alone."""
+    asked = any(str(a).startswith("--zero3-") for a in args)
+    early_config.stash[_ASKED] = asked
+    if asked and not early_config.known_args_namespace.file_or_dir:
+        from pytest_zero3 import registry
+        args.append(os.path.dirname(registry.path()))
+
+
 def pytest_configure(config):
     markers.register(config)
-    config.stash[_SETTINGS] = options.settings_from(config)
-    if not launcher.active():
-        spawner.install_signal_handlers()
-        atexit.register(spawner.kill_all)
-    from pytest_zero3 import report
-    report.configure(config, config.stash[_SETTINGS])
+    session = Zero3Session(config)
+    config.pluginmanager.register(session, PLUGIN_NAME)
+    if config.stash.get(_ASKED, False) or options.asked(config):
+        session.activate()
 
 
-def pytest_unconfigure(config):
-    spawner.kill_all()
+def _session(config) -> "Zero3Session":
+    return config.pluginmanager.get_plugin(PLUGIN_NAME)
 
 
-def pytest_report_header(config):
-    from pytest_zero3 import report
-    return report.header_lines(config.stash[_SETTINGS])
+class Zero3Session:
+    """Everything one pytest session knows about zero3: settings, the report, what it changed."""
+
+    def __init__(self, config):
+        self.config = config
+        self.settings = None
+        self.report = None  # set by activate(): the session is in use
+        self._undo = []  # callables restoring what start() changed, newest last
+        self._started = False
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def activate(self) -> None:
+        """Validate the options and open the report (a :class:`pytest.UsageError` names the fix)."""
+        if self.report is not None:
+            return
+        from pytest_zero3 import impl, report
+        settings = options.settings_from(self.config)
+        if settings.spec.kind == "class":
+            # Checked before any world starts; importing the user's module may import deepspeed.
+            self.start(options.resolve_backend(settings, settings.world_size), settings)
+            try:
+                impl.load_class(settings.spec)
+            except impl.SpecError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        self.settings, self.report = settings, report.Report(self.config, settings)
+
+    def start(self, backend: str, settings=None) -> None:
+        """First use: what the ranks need from this process; each change is undone by :meth:`stop`."""
+        if self._started:
+            return
+        self._started = True
+        from pytest_zero3 import impl
+        settings = settings or self.settings
+        self._setdefault_env("DS_ACCELERATOR", options.accelerator(backend))
+        self._setdefault_env("TORCH_EXTENSIONS_DIR", impl.extensions_dir(settings.spec))
+        path = impl.import_path(settings.spec)
+        if path and sys.path[:1] != [path]:
+            sys.path.insert(0, path)
+            self._undo.append(lambda: sys.path.remove(path) if path in sys.path else None)
+        if not launcher.active():
+            if hasattr(signal, "SIGTERM"):
+                previous = signal.getsignal(signal.SIGTERM)
+                spawner.install_signal_handlers()
+                self._undo.append(lambda: _restore_signal(signal.SIGTERM, previous))
+            atexit.register(spawner.kill_all)
+            self._undo.append(lambda: atexit.unregister(spawner.kill_all))
+
+    def stop(self) -> None:
+        """End of session: stop every rank and the forkserver, then undo :meth:`start` in reverse."""
+        if not self._started:
+            return
+        spawner.kill_all()
+        while self._undo:
+            self._undo.pop()()
+        self._started = False
+
+    def _setdefault_env(self, key: str, value: str) -> None:
+        if key not in os.environ:
+            os.environ[key] = value
+            self._undo.append(lambda: os.environ.pop(key, None))
+
+    def world(self, request, tmp_path_factory):
+        self.activate()
+        settings = self.settings
+        size = markers.world_size(request.node, settings.world_size)
+        timeout = markers.timeout(request.node, settings.timeout)
+        backend = options.resolve_backend(settings, size)
+        self.start(backend)
+        from pytest_zero3 import report
+        record = report.recorder(request.node)
+        if launcher.active():
+            return launcher.LauncherWorld(settings.spec, backend, timeout, on_outcomes=record)
+        from pytest_zero3.world import World
+        base = str(tmp_path_factory.mktemp("zero3-world"))
+        return World(size, backend, timeout, settings.spec.text, base,
+                     preload=markers.preloads(request.config), on_outcomes=record)
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def pytest_report_header(self, config):
+        return self.report.header_lines() if self.report is not None else None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        markers.check_contracts([i for i in items if i.get_closest_marker("zero3_contract")])
+        if self.report is None and any(_uses_zero3(item) for item in items):
+            self.activate()
+        if self.report is None:
+            return
+        self.report.check_expectations(items)
+        markers.select_contracts(config, items)
+        markers.collect_preloads(config, items)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        rep = yield
+        if self.report is not None:
+            self.report.on_report(item, call, rep)
+        return rep
+
+    def pytest_report_teststatus(self, report, config):
+        if getattr(report, "zero3", None):
+            from pytest_zero3 import report as report_mod
+            return report_mod.teststatus(report)
+        return None
+
+    def pytest_runtest_logreport(self, report):
+        if getattr(report, "zero3", None):  # also from an xdist worker: the controller collects nothing
+            self.activate()
+            self.report.add(report)
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        if self.report is not None:
+            self.report.terminal_summary(terminalreporter)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.report is not None:
+            self.report.session_finish(session)
+
+    def pytest_unconfigure(self, config):
+        self.stop()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(session, config, items):
-    from pytest_zero3 import report
-    report.check_expectations(config, items)
-    markers.select_contracts(config, items)
-    markers.collect_preloads(config, items)
+def _uses_zero3(item) -> bool:
+    return "zero3_world" in getattr(item, "fixturenames", ()) or item.get_closest_marker("zero3_contract") is not None
+
+
+def _restore_signal(signum, handler) -> None:
+    try:
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    except ValueError:
+        pass  # not the main thread
 
 
 @pytest.fixture
@@ -53,44 +189,4 @@ def zero3_world(request, tmp_path_factory):
     returns the per-rank results.  ``@pytest.mark.zero3_world_size(n)`` and
     ``@pytest.mark.zero3_timeout(seconds)`` override the world size and the timeout for one test.
     """
-    from pytest_zero3 import report
-    settings = request.config.stash[_SETTINGS]
-    size = markers.world_size(request.node, settings.world_size)
-    timeout = markers.timeout(request.node, settings.timeout)
-    record = report.recorder(request.node)
-    if launcher.active():
-        backend = options.resolve_backend(settings, size)
-        return launcher.LauncherWorld(settings.spec, backend, timeout, on_outcomes=record)
-    from pytest_zero3.world import World
-    backend = options.resolve_backend(settings, size)
-    base = str(tmp_path_factory.mktemp("zero3-world"))
-    return World(size, backend, timeout, settings.spec.text, base,
-                 preload=markers.preloads(request.config), on_outcomes=record)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    from pytest_zero3 import report
-    rep = yield
-    report.on_report(item, call, rep)
-    return rep
-
-
-def pytest_report_teststatus(report, config):
-    from pytest_zero3 import report as report_mod
-    return report_mod.teststatus(report)
-
-
-def pytest_runtest_logreport(report):
-    from pytest_zero3 import report as report_mod
-    report_mod.logreport(report)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    from pytest_zero3 import report
-    report.terminal_summary(terminalreporter, config)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    from pytest_zero3 import report
-    report.session_finish(session)
+    return _session(request.config).world(request, tmp_path_factory)

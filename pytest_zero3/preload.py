@@ -2,17 +2,18 @@
 
 A freshly spawned rank spends seconds importing torch and deepspeed (and torch._dynamo, which
 torch.optim pulls in lazily on first use).  The forkserver pays that once; a rank forked from it
-starts in milliseconds.  What to load is read from the environment the parent set before the
-forkserver started.
+starts in milliseconds.  What to load comes from the job payload the parent wrote before the
+forkserver started (:func:`pytest_zero3.spawner.payload_path`).
 """
 import faulthandler
 import gc
 import importlib
 import os
+import pickle
 import signal
 import sys
 
-from pytest_zero3.spawner import PRELOAD_ENV, STACK_ENV, SYS_PATH_ENV
+from pytest_zero3.spawner import payload_path
 
 #: Always loaded: the harness itself and what any ZeRO-3 rank imports.
 BASE = ("pytest", "_pytest.outcomes", "torch", "torch.distributed", "torch.optim", "torch._dynamo", "torch.utils.checkpoint")
@@ -22,16 +23,18 @@ DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.ze
 
 
 def _load_all() -> None:
-    stack_path = os.environ.get(STACK_ENV)
-    if stack_path:  # lets the parent see where a slow or stuck preload is
-        faulthandler.register(signal.SIGUSR1, file=open(stack_path, "w"), all_threads=True)
-    for entry in os.environ.get(SYS_PATH_ENV, "").split(os.pathsep):
-        if entry and entry not in sys.path:
-            sys.path.append(entry)
+    try:
+        with open(payload_path(os.getppid()), "rb") as fh:
+            job = pickle.load(fh)
+    except OSError:  # started by something other than pytest_zero3.spawner: load the basics only
+        job = dict(preload=[], sys_path=[], spec="installed", stack="")
+    if job["stack"]:  # lets the parent see where a slow or stuck preload is
+        faulthandler.register(signal.SIGUSR1, file=open(job["stack"], "w"), all_threads=True)
+    # The parent's path, in its order: a fork checkout first, then test-local modules.
+    sys.path[:0] = [entry for entry in job["sys_path"] if entry not in sys.path]
     for name in BASE:
         importlib.import_module(name)
-    extra = [m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m]
-    for name in DEEPSPEED + tuple(extra):
+    for name in DEEPSPEED + tuple(job["preload"]):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -39,7 +42,7 @@ def _load_all() -> None:
     _probe_deepspeed_ops()
     _skip_cpu_shm_comm_op()
     from pytest_zero3 import impl
-    spec = impl.parse(os.environ.get(impl.SPEC_ENV, "installed"))
+    spec = impl.parse(job["spec"])
     if spec.kind == "class":
         impl.load_class(spec)  # checked in the parent already; imported here so ranks inherit it
     # DeepSpeed calls gc.collect() while building the optimizer; with torch's import graph in the heap

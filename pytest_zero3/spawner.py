@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -16,27 +17,33 @@ import threading
 import time
 from typing import List
 
-#: Comma-separated extra modules for the forkserver to import (read by :mod:`pytest_zero3.preload`).
-PRELOAD_ENV = "PYTEST_ZERO3_PRELOAD"
-#: The parent's import path when the forkserver started (so it can import test-local modules).
-SYS_PATH_ENV = "PYTEST_ZERO3_SYS_PATH"
-#: File the forkserver writes its Python stack to on SIGUSR1 (read when it does not become ready).
-STACK_ENV = "PYTEST_ZERO3_FORKSERVER_STACK"
+
+
+def payload_path(parent_pid: int) -> str:
+    """The forkserver's job payload, written by its parent (pid ``parent_pid``) before it starts.
+
+    What the forkserver loads (extra modules, the parent's import path, the spec, where to write its
+    stack) travels in this file, not in environment variables: the forkserver finds it by its
+    parent's pid, and nothing leaks into the environment of pytest or of anything else it starts.
+    """
+    return os.path.join(tempfile.gettempdir(), f"pytest-zero3-{os.getuid()}-forkserver-{parent_pid}.pickle")
 
 
 class ForkserverStuck(Exception):
     """The forkserver did not become ready (its preload hung or crashed); the message has its stack."""
 _context = None
+_stack_path = ""
 _live: set = set()
 
 
-def context(extra_preload: List[str]):
-    """The forkserver context, started on first use with ``extra_preload`` modules loaded."""
-    global _context
+def context(extra_preload: List[str], spec_text: str = "installed"):
+    """The forkserver context, started on first use with ``extra_preload`` modules and ``spec_text`` loaded."""
+    global _context, _stack_path
     if _context is None:
-        os.environ[PRELOAD_ENV] = ",".join(sorted(set(extra_preload)))
-        os.environ[SYS_PATH_ENV] = os.pathsep.join(sys.path)
-        os.environ[STACK_ENV] = os.path.join(tempfile.mkdtemp(prefix="pytest-zero3-"), "forkserver.stack")
+        _stack_path = os.path.join(tempfile.mkdtemp(prefix="pytest-zero3-"), "forkserver.stack")
+        job = dict(preload=sorted(set(extra_preload)), sys_path=list(sys.path), spec=spec_text, stack=_stack_path)
+        with open(payload_path(os.getpid()), "wb") as fh:
+            pickle.dump(job, fh)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["pytest_zero3.preload"])
         _context = ctx
@@ -83,7 +90,7 @@ def _stop_forkserver() -> str:
     """Dump the forkserver's stack, kill it (the next start launches a new one), return the stack."""
     from multiprocessing import forkserver
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    path = os.environ.get(STACK_ENV, "")
+    path = _stack_path
     if not pid:
         return ""
     try:
@@ -127,6 +134,10 @@ def kill_all() -> None:
                 stop()
             except Exception:
                 pass
+    try:
+        os.remove(payload_path(os.getpid()))
+    except OSError:
+        pass
 
 
 def install_signal_handlers() -> None:

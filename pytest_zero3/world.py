@@ -67,7 +67,7 @@ class World:
                    port=20000 + zlib.crc32(run_dir.encode()) % 40000,
                    call=pickle.dumps((fn, args, kwargs)))
         payload = pickle.dumps(job)
-        ctx = spawner.context(self.preload)
+        ctx = spawner.context(self.preload, self.spec_text)
         try:
             procs = spawner.start_all(ctx, rank_mod.main, [(payload, r) for r in range(self.size)], self.timeout)
         except spawner.ForkserverStuck as exc:

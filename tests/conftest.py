@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every pytest these tests start (run_pytest, pytester) imports this checkout's packages, also where an
+# installed copy of pytest-zero3 (editable or not) sits in site-packages.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 BAD = ROOT / "tests" / "bad_coordinators"
 
 
@@ -26,7 +29,7 @@ class Run:
         return {c["id"]: c["outcome"] for c in self.report["contracts"]}
 
     def failed_ids(self) -> set:
-        return {cid for cid, out in self.outcomes().items() if out == "FAIL"}
+        return {cid for cid, out in self.outcomes().items() if out == "fail"}
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ def test_fork_with_a_bug_brought_back_fails_on_its_contract_then_passes_with_exp
     fork = fork_without_checkpoint_fix
     run = run_suite(fork, "002-a")
     assert run.returncode == 1, run.stdout
-    assert run.outcomes() == {"002-a": "FAIL"}
+    assert run.outcomes() == {"002-a": "fail"}
     assert f"from {os.path.join(fork, 'deepspeed')}" in run.stdout  # header names the fork
     assert run.report["implementation"]["deepspeed_path"] == os.path.join(fork, "deepspeed")
     assert run.report["implementation"]["spec"] == fork

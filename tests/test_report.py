@@ -19,9 +19,9 @@ def test_table_json_markdown_and_junit(run_pytest, tmp_path):
     assert "UNSUPPORTED" not in out or "unsupported: config rejects" in out
 
     doc = run.report
-    assert (doc["schema"], doc["version"]) == ("pytest-zero3/report", 1)
-    assert doc["summary"] == {"pass": 1, "FAIL": 1, "unsupported": 1, "known failure": 0,
-                              "unexpected pass": 0, "skipped": 0, "total": 3}
+    assert (doc["schema"], doc["version"]) == ("pytest-zero3/report", 2)
+    assert doc["summary"] == {"pass": 1, "fail": 1, "unsupported": 1, "known_failure": 0,
+                              "unexpected_pass": 0, "skipped": 0, "not_run": 0, "total": 3}
     assert doc["implementation"]["backend"] == "gloo" and doc["implementation"]["world_size"] == 2
     assert doc["implementation"]["coordinator"].endswith("PartitionedParameterCoordinator")
     rows = {c["id"]: c for c in doc["contracts"]}
@@ -43,7 +43,7 @@ def test_expectations_known_failure_unexpected_pass_and_unknown_id(run_pytest, t
                       '"900-b" = "by construction"\n"900-a" = "listed but passes"\n"999-z" = "no such contract"\n')
     run = run_pytest(CASE, f"--zero3-expect={expect}")
     assert run.returncode == 0, run.stdout
-    assert run.outcomes() == {"900-a": "unexpected pass", "900-b": "known failure", "901-a": "unsupported"}
+    assert run.outcomes() == {"900-a": "unexpected_pass", "900-b": "known_failure", "901-a": "unsupported"}
     assert "--zero3-expect lists '999-z', which matches no collected contract" in run.stdout
     strict = run_pytest(CASE, f"--zero3-expect={expect}", "--zero3-strict")
     assert strict.returncode == 1

@@ -1,0 +1,56 @@
+"""The contract registry: ``conformance/contracts.toml``, one table per contract ID.
+
+One place for what a contract is (family, one-line statement, source, the ranks it needs); markers
+carry only the ID.  The report lists registered contracts that did not run, and
+``tests/test_registry.py`` checks that every registered ID has a test and every marker is registered.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on older Pythons only
+    import tomli as tomllib
+
+FIELDS = ("family", "statement", "source", "min_world_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    id: str
+    family: str
+    statement: str
+    source: str
+    min_world_size: int = 1
+
+
+def path() -> str:
+    """The registry file of the installed (or checked-out) conformance package."""
+    spec = importlib.util.find_spec("pytest_zero3.conformance")
+    return os.path.join(list(spec.submodule_search_locations)[0], "contracts.toml")
+
+
+@functools.lru_cache(maxsize=None)
+def load(file: str = "") -> dict:
+    """``{id: Contract}``; a malformed entry raises ValueError naming the ID and the field."""
+    with open(file or path(), "rb") as fh:
+        table = tomllib.load(fh).get("contracts", {})
+    out = {}
+    for cid, entry in table.items():
+        missing = [f for f in FIELDS if f not in entry]
+        unknown = sorted(set(entry) - set(FIELDS))
+        if missing or unknown:
+            raise ValueError(f"contracts.toml: [contracts.{cid!r}] " + "; ".join(
+                ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown {', '.join(unknown)}"] if unknown else [])))
+        out[cid] = Contract(cid, **{f: entry[f] for f in FIELDS})
+    return out
+
+
+def family(cid: str) -> str:
+    """The family of an ID: the part before the first dash (``000-a`` -> ``000``)."""
+    return cid.split("-", 1)[0]
