@@ -24,9 +24,23 @@ def _state():
             h, "__qualname__", repr(h))
     env = {k: v for k, v in os.environ.items() if k not in ("PROBE_OUT", "PYTEST_CURRENT_TEST")}
     return dict(env=env, handlers=handlers, atexit=atexit._ncallbacks(),
+                zero3_atexit=[f"{h.__module__}.{h.__qualname__}" for h in HOOKS if "zero3" in h.__module__],
                 heavy=sorted(m for m in ("torch", "deepspeed") if m in sys.modules))
 
 STATES = {}
+# atexit cannot list its hooks: track the ones registered from here on by name.
+HOOKS = []
+_register, _unregister = atexit.register, atexit.unregister
+
+def _tracked_register(fn, *args, **kwargs):
+    HOOKS.append(fn)
+    return _register(fn, *args, **kwargs)
+
+def _tracked_unregister(fn):
+    HOOKS[:] = [h for h in HOOKS if h != fn]
+    return _unregister(fn)
+
+atexit.register, atexit.unregister = _tracked_register, _tracked_unregister
 
 def record(when):
     STATES[when] = _state()
@@ -102,8 +116,9 @@ def test_a_run_that_uses_it_undoes_its_set_up_at_session_end(pytester, monkeypat
                         "--zero3-world-size=1", "--zero3-backend=gloo")
     assert result.ret == 0, result.outlines
     assert seen["test"]["handlers"]["SIGTERM"] != seen["start"]["handlers"]["SIGTERM"]  # it did set up
-    assert seen["test"]["atexit"] > seen["start"]["atexit"]
-    for key in ("env", "handlers", "atexit"):
+    assert seen["test"]["zero3_atexit"] == ["pytest_zero3.spawner.kill_all"]
+    # Importing multiprocessing registers the standard library's own hooks, which stay (and are harmless).
+    for key in ("env", "handlers", "zero3_atexit"):
         assert seen["end"][key] == seen["start"][key], f"{key} not restored at session end"
 
 
