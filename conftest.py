@@ -1,10 +1,13 @@
-"""Lets a checkout run uninstalled: loads the plugin unless the installed entry point already did."""
-import importlib.metadata
+"""Serves the plugin's own tests (tests/) with pytester.
+
+No ``pytest_plugins`` here: running the conformance suite of this checkout (editable install) from
+another directory loads this file as a non-root conftest, where pytest rejects ``pytest_plugins``.
+The plugin itself comes from the installed entry point (``pip install -e .``; uninstalled, run with
+``-p pytest_zero3.plugin``).
+"""
+from pathlib import Path
 
 
-def _entry_point_installed() -> bool:
-    return any(ep.value == "pytest_zero3.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
-
-
-# pytester serves the plugin's own tests (tests/); pytest only accepts pytest_plugins at the root.
-pytest_plugins = ["pytester"] + ([] if _entry_point_installed() else ["pytest_zero3.plugin"])
+def pytest_configure(config):
+    if config.rootpath == Path(__file__).resolve().parent and not config.pluginmanager.has_plugin("pytester"):
+        config.pluginmanager.import_plugin("pytester")

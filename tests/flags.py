@@ -1,0 +1,83 @@
+"""The proof table: every known-bad coordinator, the bug it puts back, and the contract IDs that must flag it.
+
+One entry per coordinator in ``tests/bad_coordinators/``.  ``tests/test_flags.py`` runs the suite
+against each entry and checks the outcome; ``tests/readme.py`` renders the README's proof table from
+the same entries.  To add a coordinator, add one :class:`Case`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, FrozenSet, Optional
+
+from pytest_zero3 import registry
+
+
+def family(name: str, *, but: tuple = ()) -> FrozenSet[str]:
+    """Every registered ID of family ``name`` (less ``but``)."""
+    return frozenset(cid for cid, c in registry.load().items() if c.family == name and cid not in but)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    coordinator: str  # "file.py:Class" in tests/bad_coordinators/
+    bug: str  # one line, for the README
+    flagged: FrozenSet[str]  # must FAIL
+    select: str  # --zero3-select of the run ("" = the whole suite)
+    may_fail: FrozenSet[str] = frozenset()  # may FAIL too (their scenario exercises the same bug); nothing else may
+    must_pass: FrozenSet[str] = frozenset()  # must pass (the bug cannot show there)
+    check: Optional[Callable] = None  # extra assertions on the tests.conftest.Run
+
+    @property
+    def name(self) -> str:
+        return self.coordinator.split(".py:")[0]
+
+
+def _diverges_without_hanging(run) -> None:
+    assert "ranks are about to issue different all-gathers" in run.stdout or "ranks differ" in run.stdout, (
+        f"003-b failed without showing the diverging sequences:\n{run.stdout[-4000:]}")
+    assert "still running after" not in run.stdout, f"003-b caught the divergence only as a hang:\n{run.stdout[-4000:]}"
+
+
+CASES = (
+    # family 000 (DeepSpeed PR 9003)
+    Case("prefetch_skip_retention.py:PrefetchSkipRetention",
+         "PR 9003: prefetch-skipped params kept until their next (backward) use",
+         frozenset({"000-a"}), "", may_fail=family("000")),
+    # Every family-000 contract that configures a non-zero distance fails; 000-a, 000-c and 000-f run at
+    # distance 0 and 000-g compares losses only.
+    Case("ignores_reuse_distance.py:IgnoresReuseDistance", "never keeps a param for reuse",
+         frozenset({"000-b", "000-d", "000-e"}), "000", must_pass=frozenset({"000-a", "000-c"})),
+    # family 001 (DeepSpeed PR 8883)
+    Case("class_level_cache.py:ClassLevelCacheCoordinator", "PR 8883: `lru_cache` on the release-set method",
+         frozenset({"001-a"}), "001"),
+    Case("stale_cache_after_retrace.py:StaleCacheAfterRetraceCoordinator",
+         "release cache not cleared when the trace is re-recorded", frozenset({"001-b"}), "001"),
+    Case("mutated_release_set.py:MutatedReleaseSetCoordinator",
+         "backward adds recompute params into a cached forward release set", frozenset({"001-c"}), "001"),
+    # family 002 (DeepSpeed PRs 8130/8148); base-f checks a checkpointed model with frozen params, so the
+    # bug legitimately breaks it too; 002-d recomputes no frozen param.
+    Case("partition_frozen_during_recompute.py:PartitionFrozenDuringRecompute",
+         "PR 8130: frozen params partitioned during checkpoint recompute",
+         frozenset({"002-a"}), "", may_fail=family("002") | {"base-f"}, must_pass=frozenset({"002-d"})),
+    # family 003 (DeepSpeed PR 8431)
+    Case("rank_local_adaptive.py:RankLocalAdaptiveCoordinator",
+         "PR 8431 review: each rank decides the bucket from its own clock", frozenset({"003-b"}), "003",
+         check=_diverges_without_hanging),
+    Case("adaptive_unclamped_start.py:UnclampedStart", "start value outside the bounds never clamped",
+         frozenset({"003-c"}), "003"),
+    Case("adaptive_samples_while_recording.py:SamplesWhileRecording", "samples taken while the trace is recorded",
+         frozenset({"003-d"}), "003"),
+    Case("adaptive_keep_samples_across_invalidation.py:KeepSamplesAcrossInvalidation",
+         "samples kept across a trace invalidation", frozenset({"003-d"}), "003"),
+    Case("adaptive_inverted_controller.py:InvertedController", "grows without waits, shrinks with long ones",
+         frozenset({"003-f"}), "003"),
+    # family base: bookkeeping bugs change no number, so every parity contract must still pass
+    Case("never_rerecord.py:NeverRerecord", "never re-records after the trace is invalidated",
+         frozenset({"base-g"}), "base"),
+    Case("keeps_recompute_attribution.py:KeepsRecomputeAttribution", "`ds_recompute_parameters` never emptied",
+         frozenset({"base-f"}), "base"),
+    # stale weights break every parity contract; base-e keeps its small layers persistent (never
+    # re-fetched) and base-f checks bookkeeping, not numbers.
+    Case("stale_gather_cache.py:StaleGatherCache", "DeepSpeed's coordinator serving stale gathered copies",
+         frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h"}), "base"),
+)

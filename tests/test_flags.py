@@ -1,0 +1,48 @@
+"""The suite flags each known-bad coordinator with the right contract IDs (the table: tests/flags.py).
+
+Each coordinator in tests/bad_coordinators/ is the reference with one historical bug put back.  A
+contract that misses its bug proves nothing; one that fails for another contract's bug sends a
+developer after the wrong fix.  So each run must fail exactly the entry's IDs (plus only those it
+lists as may-fail), run every contract it selected, and pass at least one other contract (else
+"nothing else failed" proves nothing).  Cost: one suite run per entry, 15-60 s each on the 2-core box.
+"""
+import pytest
+
+from conftest import BAD
+from flags import CASES
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_suite_flags_bad_coordinator(run_suite, case):
+    file, cls = case.coordinator.split(":")
+    run = run_suite(f"{BAD / file}:{cls}", case.select)
+    outcomes = run.outcomes()
+    tail = run.stdout[-4000:]
+    not_run = sorted(cid for cid, out in outcomes.items() if out == "not_run")
+    assert not not_run, f"{case.name}: contracts {not_run} did not run: {outcomes}\n{tail}"
+    failed = run.failed_ids()
+    assert case.flagged <= failed, f"{case.name}: {sorted(case.flagged - failed)} should FAIL, got {outcomes}\n{tail}"
+    wrong = sorted(failed - case.flagged - case.may_fail)
+    assert not wrong, f"{case.name}: {wrong} FAIL on a coordinator whose only bug is {case.bug!r}: {outcomes}\n{tail}"
+    unmoved = sorted(cid for cid in case.must_pass if outcomes.get(cid) != "pass")
+    assert not unmoved, f"{case.name}: {unmoved} must pass (the bug cannot show there): {outcomes}\n{tail}"
+    others = [cid for cid, out in outcomes.items() if out == "pass" and cid not in case.flagged | case.may_fail]
+    assert others, f"{case.name}: no other contract passed, so none was really checked: {outcomes}"
+    assert run.returncode == 1, f"{case.name}: pytest exit {run.returncode}, expected 1 (contract failures)"
+    if case.check:
+        case.check(run)
+
+
+def test_family_003_unsupported_on_stock_deepspeed(run_suite):
+    """Why: deepspeed 0.19.8 rejects the keys; that is a missing feature, not a failed contract, and
+    the report must say so with the reason rather than skip silently."""
+    from flags import family
+    run = run_suite("installed", "003")
+    run.outcomes()  # the report must exist
+    rows = {c["id"]: c for c in run.report["contracts"]}
+    assert sorted(rows) == sorted(family("003")), f"contracts run: {sorted(rows)}\n{run.stdout[-3000:]}"
+    wrong = {cid: (r["outcome"], r["reason"]) for cid, r in rows.items()
+             if r["outcome"] != "unsupported" or not r["reason"].startswith("003:")
+             or "stage3_adaptive_prefetch" not in r["reason"]}
+    assert not wrong, f"stock deepspeed 0.19.8 must be 'unsupported: 003' with the rejected key: {wrong}"
+    assert run.returncode == 0, f"pytest exit {run.returncode}: unsupported must not fail the run\n{run.stdout[-3000:]}"
