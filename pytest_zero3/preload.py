@@ -55,7 +55,7 @@ def _probe_deepspeed_ops() -> None:
     """DeepSpeed probes which ops could build (running a C compiler) on first use: do it once, here."""
     try:
         import deepspeed.ops
-        deepspeed.ops.__compatible_ops__
+        deepspeed.ops.__compatible_ops__  # noqa: B018 - reading it runs the probe
     except Exception:
         pass
 

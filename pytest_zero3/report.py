@@ -62,7 +62,8 @@ class Report:
     def check_expectations(self, items) -> None:
         known = {c[0] for c in map(markers.contract, items) if c}
         for cid in sorted(set(self.expected) - known):
-            warnings.warn(pytest.PytestWarning(f"--zero3-expect lists {cid!r}, which matches no collected contract."))
+            warnings.warn(pytest.PytestWarning(f"--zero3-expect lists {cid!r}, which matches no collected contract."),
+                          stacklevel=1)
         for item in items:
             c = markers.contract(item)
             if c:

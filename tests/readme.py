@@ -43,8 +43,9 @@ def section(text: str, name: str) -> str:
 
 def render(text: str) -> str:
     for name, make in TABLES.items():
+        table = make()
         text = re.sub(rf"(<!-- {name}:begin -->\n).*?(\n<!-- {name}:end -->)",
-                      lambda m, t=make(): m.group(1) + t + m.group(2), text, flags=re.S)
+                      lambda m, table=table: m.group(1) + table + m.group(2), text, flags=re.S)
     return text
 
 
