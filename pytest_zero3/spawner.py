@@ -123,7 +123,9 @@ def kill(proc) -> None:
 
 
 def kill_all() -> None:
-    """Kill every live rank; then stop the forkserver.  Safe to call twice."""
+    """Kill every live rank; then stop the forkserver.  Safe to call twice; a later :func:`context`
+    writes a fresh payload (the next session in this process may load other modules)."""
+    global _context
     for proc in list(_live):
         kill(proc)
     if _context is not None:
@@ -134,6 +136,7 @@ def kill_all() -> None:
                 stop()
             except Exception:
                 pass
+    _context = None
     try:
         os.remove(payload_path(os.getpid()))
     except OSError:
