@@ -18,7 +18,6 @@ import time
 from typing import List
 
 
-
 def payload_path(parent_pid: int) -> str:
     """The forkserver's job payload, written by its parent (pid ``parent_pid``) before it starts.
 
