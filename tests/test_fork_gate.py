@@ -21,7 +21,7 @@ def test_fork_with_a_bug_brought_back_fails_on_its_contract_then_passes_with_exp
                       '[expected_failures]\n"002-a" = "frozen params partitioned during recompute"\n')
     run = run_suite(fork, "002-a", f"--zero3-expect={expect}")
     assert run.returncode == 0, run.stdout
-    assert run.outcomes() == {"002-a": "known failure"}
+    assert run.outcomes() == {"002-a": "known_failure"}
     assert "known failure" in run.stdout
 
 
