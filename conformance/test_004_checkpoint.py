@@ -52,3 +52,26 @@ def test_zero_to_fp32_consolidates_full_weights(zero3_world, tmp_path):
     from a placeholder, or a shard saved from the wrong tensor, shows here."""
     result = zero3_world.run(f004.consolidate_fp32, str(tmp_path / "ckpt"))[0]
     _assert_no_problems(result, "the consolidated fp32 state dict is not the trained model")
+
+
+@pytest.mark.zero3_contract("004-f", "saving in the middle of training (after a forward with prefetch on at the "
+                                     "default reuse distance, inside GatheredParameters) writes the current weights, "
+                                     "leaves nothing gathered that an unsaved run would not have, keeps the held "
+                                     "param gathered, and the next steps equal an unsaved run")
+def test_mid_training_save_changes_nothing(zero3_world, tmp_path):
+    """A save is an observer: users checkpoint from callbacks at arbitrary points (after an eval forward,
+    inside a gathered block that logs weights).  It may release params (they are fetched again), never
+    leave extra ones gathered, pull a param out of a user's ``GatheredParameters``, or alter training."""
+    result = zero3_world.run(f004.save_mid_training, str(tmp_path / "ckpt"))[0]
+    plain, saved = result["plain"], result["saved"]
+    _assert_no_problems(result, "a checkpoint saved mid-training is not the weights at that point")
+    extra = {k: sorted(set(saved[k]) - set(plain[k])) for k in
+             ("forward: after save", "context: after save", "context: after exit")}
+    assert not any(extra.values()), f"params left gathered by the save that an unsaved run has released: {extra}"
+    shape, value = saved["held"]
+    assert shape == plain["held"][0] and "enc.weight" in saved["context: after save"], (
+        f"the param held by GatheredParameters is {shape} and not gathered after a save inside the context "
+        f"(an unsaved run sees {plain['held'][0]}): the save partitioned a param the user holds")
+    assert f004.tensor_differences("held param", {"enc.weight": plain["held"][1]}, {"enc.weight": value}) == []
+    assert saved["losses"] == plain["losses"], f"losses with saves {saved['losses']} != unsaved {plain['losses']}"
+    assert f004.tensor_differences("final", plain["final"], saved["final"]) == []

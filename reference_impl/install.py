@@ -12,6 +12,8 @@
   outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
   root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
   early-stopped checkpoint recomputes pushed and never popped;
+* ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
+  param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 
@@ -31,7 +33,7 @@ from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 
 from .config import adaptive_coordinator_kwargs, get_zero_config
-from .coordinator import ReferenceCoordinator
+from .coordinator import ReferenceCoordinator, held_by_gathered_parameters
 
 _saved = {}  # original objects while installed; empty when not installed
 
@@ -137,6 +139,16 @@ def _offload_release_backward_leftovers(original):
     return release_backward_leftovers
 
 
+def _offload_partition_all_parameters(self):
+    """DeepSpeed's, except that a param held by an open ``GatheredParameters`` may stay gathered."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+    self.get_param_coordinator().release_and_reset_all(self.module)
+    for param in iter_params(self.module, recurse=True):
+        if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and not held_by_gathered_parameters(param):
+            raise RuntimeError(f"{param.ds_summary()} expected to be released")
+
+
 def install(coordinator=ReferenceCoordinator) -> None:
     """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine.
 
@@ -152,6 +164,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
                   init=DeepSpeedZeRoOffload.__init__,
                   destroy=DeepSpeedZeRoOffload.destroy,
                   leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
+                  partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
                   runtime_get_zero_config=ds_runtime_config.get_zero_config,
                   zero_get_zero_config=ds_zero_config.get_zero_config)
     parameter_offload.PartitionedParameterCoordinator = coordinator
@@ -159,6 +172,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
     DeepSpeedZeRoOffload.__init__ = _offload_init(_saved["init"])
     DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
+    DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
 
@@ -173,6 +187,7 @@ def uninstall() -> None:
     DeepSpeedZeRoOffload.__init__ = _saved["init"]
     DeepSpeedZeRoOffload.destroy = _saved["destroy"]
     DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
+    DeepSpeedZeRoOffload.partition_all_parameters = _saved["partition_all"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
     _saved.clear()
