@@ -6,6 +6,8 @@ checkpoint", DeepSpeed issue 1394, transformers issue 20082), or a reload that f
 wrongly.  Each contract saves through one of DeepSpeed's public paths on a real engine and compares
 what comes back with the weights the run trained.  Scenarios: :mod:`fixtures.family_004`.
 """
+import copy
+
 import pytest
 
 from fixtures import family_004 as f004
@@ -85,3 +87,35 @@ def test_save_inside_gathered_parameters_keeps_the_held_param(zero3_world, tmp_p
         f"{result['shape before save']} before: the save partitioned a param the user holds")
     assert result["equal"], f"{result['name']} changed value across save_checkpoint inside GatheredParameters"
     _assert_no_problems(result, "the checkpoint saved inside GatheredParameters is not the trained model")
+
+
+def _resized(world, size):
+    """The test's world with another rank count (same implementation, backend, timeout, directory)."""
+    if not hasattr(world, "base_dir"):
+        pytest.skip("004-e changes the world size between save and load; under a launcher it is fixed")
+    other = copy.copy(world)
+    other.size = size
+    return other
+
+
+@pytest.mark.zero3_world_size(2)
+@pytest.mark.zero3_timeout(120)
+@pytest.mark.zero3_contract("004-e", "a checkpoint saved at world size 2 loads at world sizes 1 and 3 through "
+                                     "DeepSpeed's universal checkpoint with the trained weights and training "
+                                     "continues; a plain load there raises DeepSpeed's error or loads the "
+                                     "trained weights, never wrong ones")
+def test_checkpoint_loads_at_another_world_size(zero3_world, tmp_path):
+    """Resuming on a different number of ranks is the universal checkpoint's job; the rigid path must
+    refuse rather than hand each rank a shard cut for another world size."""
+    root = str(tmp_path / "ckpt")
+    saved = zero3_world.run(f004.save_for_resharding, root)[0]
+    for size in (1, 3):
+        got = _resized(zero3_world, size).run(f004.load_resharded, root, saved["trained"])[0]
+        assert not got["universal"], f"world size {size}:\n  " + "\n  ".join(got["universal"])
+        assert got["losses"] == pytest.approx(saved["continued"], rel=1e-5, abs=1e-7), (
+            f"world size {size}: losses after the universal load {got['losses']} != uninterrupted run at world "
+            f"size 2 {saved['continued']} (same global batch): optimizer state or schedule not restored")
+        for label, outcome in got["plain"].items():
+            assert not outcome.get("differences"), (
+                f"world size {size}: a plain {label} load of a world-size-2 checkpoint neither raised nor loaded "
+                "the trained weights (a silent wrong load):\n  " + "\n  ".join(outcome["differences"]))
