@@ -14,6 +14,8 @@
   early-stopped checkpoint recomputes pushed and never popped;
 * ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
   param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it);
+* ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
+  (:mod:`reference_impl.checkpoint`);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 
@@ -31,7 +33,9 @@ import deepspeed.runtime.config as ds_runtime_config
 import deepspeed.runtime.zero.config as ds_zero_config
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
+from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters
 
@@ -165,6 +169,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
                   destroy=DeepSpeedZeRoOffload.destroy,
                   leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
                   partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
+                  universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
                   runtime_get_zero_config=ds_runtime_config.get_zero_config,
                   zero_get_zero_config=ds_zero_config.get_zero_config)
     parameter_offload.PartitionedParameterCoordinator = coordinator
@@ -173,6 +178,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
     DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
     DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
+    DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = load_universal_with_frozen(_saved["universal"])
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
 
@@ -188,6 +194,7 @@ def uninstall() -> None:
     DeepSpeedZeRoOffload.destroy = _saved["destroy"]
     DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
     DeepSpeedZeRoOffload.partition_all_parameters = _saved["partition_all"]
+    DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = _saved["universal"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
     _saved.clear()
