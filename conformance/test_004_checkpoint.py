@@ -15,7 +15,7 @@ from fixtures import family_004 as f004
 
 
 def _assert_no_problems(result, what):
-    assert not result["problems"], f"{what}:\n  " + "\n  ".join(result["problems"])
+    assert not result["problems"], f"{what}: " + "; ".join(result["problems"])
 
 
 @pytest.mark.zero3_contract("004-a", "save_checkpoint then load_checkpoint into a fresh engine at the same world "
@@ -110,29 +110,15 @@ def test_checkpoint_loads_at_another_world_size(zero3_world, tmp_path):
     refuse rather than hand each rank a shard cut for another world size."""
     root = str(tmp_path / "ckpt")
     saved = zero3_world.run(f004.save_for_resharding, root)[0]
+    problems = []
     for size in (1, 3):
         got = _resized(zero3_world, size).run(f004.load_resharded, root, saved["trained"])[0]
-        assert not got["universal"], f"world size {size}:\n  " + "\n  ".join(got["universal"])
-        assert got["losses"] == pytest.approx(saved["continued"], rel=1e-5, abs=1e-7), (
-            f"world size {size}: losses after the universal load {got['losses']} != uninterrupted run at world "
-            f"size 2 {saved['continued']} (same global batch): optimizer state or schedule not restored")
-        for label, outcome in got["plain"].items():
-            assert not outcome.get("differences"), (
-                f"world size {size}: a plain {label} load of a world-size-2 checkpoint neither raised nor loaded "
-                "the trained weights (a silent wrong load):\n  " + "\n  ".join(outcome["differences"]))
-
-
-@pytest.mark.zero3_preload("transformers", "peft")
-@pytest.mark.zero3_timeout(240)
-@pytest.mark.zero3_contract("004-d", "a tiny Llama + PEFT LoRA trained under ZeRO-3, saved with save_pretrained "
-                                     "from the gathered state dict as HF does, loads with PeftModel.from_pretrained "
-                                     "into a plain model with no size mismatch and the trained adapter and outputs")
-def test_peft_adapter_round_trip(zero3_world, tmp_path):
-    """transformers issue 20082: an adapter saved from ZeRO-3 placeholders fails to load with a
-    torch.Size([0]) size mismatch, or loads an empty adapter silently."""
-    missing = [m for m in ("transformers", "peft") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"004-d needs {' and '.join(missing)} installed (pip install 'transformers>=5' peft)")
-    result = zero3_world.run(f004.peft_adapter_round_trip, str(tmp_path / "adapter"))[0]
-    assert result["adapters"] > 0, "the model has no LoRA params: the scenario proves nothing"
-    _assert_no_problems(result, "the adapter saved under ZeRO-3 does not reload as trained")
+        problems += [f"world size {size}, universal checkpoint: {p}" for p in got["universal"]]
+        if got["losses"] != pytest.approx(saved["continued"], rel=1e-5, abs=1e-7):
+            problems.append(f"world size {size}: losses after the universal load {got['losses']} != the uninterrupted "
+                            f"run at world size 2 {saved['continued']} (same global batch): optimizer state or "
+                            "schedule not restored")
+        problems += [f"world size {size}: a plain {label} load of a world-size-2 checkpoint neither raised nor "
+                     f"loaded the trained weights (a silent wrong load): {p}"
+                     for label, outcome in got["plain"].items() for p in outcome.get("differences", [])]
+    assert not problems, "; ".join(problems)
