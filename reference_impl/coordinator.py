@@ -41,7 +41,8 @@ from torch.nn import Module, Parameter
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
-from deepspeed.runtime.zero.partition_parameters import AllGatherCoalescedHandle, ZeroParamStatus
+from deepspeed.runtime.zero.partition_parameters import (DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR,
+                                                         AllGatherCoalescedHandle, ZeroParamStatus)
 from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry, iter_params
 from deepspeed.utils import logger, z3_leaf_module
 
@@ -56,7 +57,7 @@ def held_by_gathered_parameters(param: Parameter) -> bool:
     """True while an open ``deepspeed.zero.GatheredParameters`` holds ``param``: its user reads (or, with
     ``modifier_rank``, writes) the full tensor, so no safety net may partition it under them (a
     checkpoint saved inside the context would turn it into a ``torch.Size([0])`` placeholder)."""
-    return getattr(param, "_ds_z3_gathered_param_context_depth", 0) > 0
+    return getattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, 0) > 0
 
 
 def _in_autograd_backward() -> bool:
