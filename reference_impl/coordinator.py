@@ -41,7 +41,8 @@ from torch.nn import Module, Parameter
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
-from deepspeed.runtime.zero.partition_parameters import AllGatherCoalescedHandle, ZeroParamStatus
+from deepspeed.runtime.zero.partition_parameters import (DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR,
+                                                         AllGatherCoalescedHandle, ZeroParamStatus)
 from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry, iter_params
 from deepspeed.utils import logger, z3_leaf_module
 
@@ -50,6 +51,13 @@ from .trace import Trace, module_params
 
 DEFAULT_ADAPTIVE_MAX = int(1e9)
 MAX_ONGOING_FETCH_EVENTS = 2  # bound on queued all-gathers where the device has no back-pressure
+
+
+def held_by_gathered_parameters(param: Parameter) -> bool:
+    """True while an open ``deepspeed.zero.GatheredParameters`` holds ``param``: its user reads (or, with
+    ``modifier_rank``, writes) the full tensor, so no safety net may partition it under them (a
+    checkpoint saved inside the context would turn it into a ``torch.Size([0])`` placeholder)."""
+    return getattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, 0) > 0
 
 
 def _in_autograd_backward() -> bool:
@@ -389,13 +397,14 @@ class ReferenceCoordinator:
             if handle is not None:
                 handle.wait()
             param.ds_active_sub_modules.clear()
-            self._release(param)
+            if not held_by_gathered_parameters(param):
+                self._release(param)
         for sub in module.modules():
             if getattr(sub, "ds_recompute_parameters", None):
                 sub.ds_recompute_parameters.clear()
         self._active_backward.clear()
         for param in iter_params(module, recurse=True):
-            if param.ds_status != ZeroParamStatus.NOT_AVAILABLE:
+            if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and not held_by_gathered_parameters(param):
                 raise RuntimeError(f"{param.ds_summary()} expected to be released")
 
     def _release(self, param: Parameter, free_data: bool = True) -> None:

@@ -12,6 +12,10 @@
   outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
   root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
   early-stopped checkpoint recomputes pushed and never popped;
+* ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
+  param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it);
+* ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
+  (:mod:`reference_impl.checkpoint`);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 
@@ -29,9 +33,11 @@ import deepspeed.runtime.config as ds_runtime_config
 import deepspeed.runtime.zero.config as ds_zero_config
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
+from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
-from .coordinator import ReferenceCoordinator
+from .coordinator import ReferenceCoordinator, held_by_gathered_parameters
 
 _saved = {}  # original objects while installed; empty when not installed
 
@@ -137,6 +143,16 @@ def _offload_release_backward_leftovers(original):
     return release_backward_leftovers
 
 
+def _offload_partition_all_parameters(self):
+    """DeepSpeed's, except that a param held by an open ``GatheredParameters`` may stay gathered."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+    self.get_param_coordinator().release_and_reset_all(self.module)
+    for param in iter_params(self.module, recurse=True):
+        if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and not held_by_gathered_parameters(param):
+            raise RuntimeError(f"{param.ds_summary()} expected to be released")
+
+
 def install(coordinator=ReferenceCoordinator) -> None:
     """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine.
 
@@ -152,6 +168,8 @@ def install(coordinator=ReferenceCoordinator) -> None:
                   init=DeepSpeedZeRoOffload.__init__,
                   destroy=DeepSpeedZeRoOffload.destroy,
                   leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
+                  partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
+                  universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
                   runtime_get_zero_config=ds_runtime_config.get_zero_config,
                   zero_get_zero_config=ds_zero_config.get_zero_config)
     parameter_offload.PartitionedParameterCoordinator = coordinator
@@ -159,6 +177,8 @@ def install(coordinator=ReferenceCoordinator) -> None:
     DeepSpeedZeRoOffload.__init__ = _offload_init(_saved["init"])
     DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
+    DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
+    DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = load_universal_with_frozen(_saved["universal"])
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
 
@@ -173,6 +193,8 @@ def uninstall() -> None:
     DeepSpeedZeRoOffload.__init__ = _saved["init"]
     DeepSpeedZeRoOffload.destroy = _saved["destroy"]
     DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
+    DeepSpeedZeRoOffload.partition_all_parameters = _saved["partition_all"]
+    DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = _saved["universal"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
     _saved.clear()
