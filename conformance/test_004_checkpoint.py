@@ -4,23 +4,21 @@ The checkpoint failure ZeRO-3 users file most: a save that writes the ``torch.Si
 placeholders as the model ("size mismatch ... copying a param with shape torch.Size([0]) from
 checkpoint", DeepSpeed issue 1394, transformers issue 20082), or a reload that fails or loads
 wrongly.  Each contract saves through one of DeepSpeed's public paths on a real engine and compares
-what comes back with the weights the run trained.  Scenarios: :mod:`fixtures.family_004`.
+what comes back with the weights the run trained.  Scenarios: :mod:`pytest_zero3.fixtures.family_004`.
 """
 import copy
 import importlib.util
 
 import pytest
 
-from fixtures import family_004 as f004
+from pytest_zero3.fixtures import family_004 as f004
 
 
 def _assert_no_problems(result, what):
     assert not result["problems"], f"{what}: " + "; ".join(result["problems"])
 
 
-@pytest.mark.zero3_contract("004-a", "save_checkpoint then load_checkpoint into a fresh engine at the same world "
-                                     "size restores params, optimizer state, scheduler and step counters, and "
-                                     "training continues with losses bitwise equal to an uninterrupted run")
+@pytest.mark.zero3_contract("004-a")
 def test_checkpoint_resume_is_exact(zero3_world, tmp_path):
     """The engine checkpoint is the resume path: anything it loses shows as a different next loss."""
     result = zero3_world.run(f004.resume_round_trip, str(tmp_path / "ckpt"))[0]
@@ -30,10 +28,7 @@ def test_checkpoint_resume_is_exact(zero3_world, tmp_path):
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "no-gather"])
-@pytest.mark.zero3_contract("004-b", "save_16bit_model with stage3_gather_16bit_weights_on_model_save writes "
-                                     "full-shape tensors equal to the trained weights (tied weights once) that load "
-                                     "with strict=True into the plain model; with the option off it returns False "
-                                     "and writes nothing: never a file of torch.Size([0]) tensors")
+@pytest.mark.zero3_contract("004-b")
 def test_16bit_model_is_full_shape(zero3_world, tmp_path, gather):
     """DeepSpeed documents ``save_16bit_model`` as returning False and not saving when the option is off
     ("the model will be bogus if not consolidated"); on, the file is the model HF/torch users load."""
@@ -48,8 +43,7 @@ def test_16bit_model_is_full_shape(zero3_world, tmp_path, gather):
             f"{result['returned']!r} and wrote {result['files']}; DeepSpeed documents False and no file")
 
 
-@pytest.mark.zero3_contract("004-c", "the ZeRO-3 checkpoint consolidated with deepspeed.utils.zero_to_fp32 equals "
-                                     "the trained fp32 weights at full shape, frozen params included")
+@pytest.mark.zero3_contract("004-c")
 def test_zero_to_fp32_consolidates_full_weights(zero3_world, tmp_path):
     """``zero_to_fp32`` rebuilds full tensors from every rank's shard and the saved shapes: a shape saved
     from a placeholder, or a shard saved from the wrong tensor, shows here."""
@@ -57,10 +51,7 @@ def test_zero_to_fp32_consolidates_full_weights(zero3_world, tmp_path):
     _assert_no_problems(result, "the consolidated fp32 state dict is not the trained model")
 
 
-@pytest.mark.zero3_contract("004-f", "saving in the middle of training (after a forward with prefetch on at the "
-                                     "default reuse distance, inside GatheredParameters) writes the current weights, "
-                                     "leaves nothing gathered that an unsaved run would not have, and the next "
-                                     "steps equal an unsaved run")
+@pytest.mark.zero3_contract("004-f")
 def test_mid_training_save_changes_nothing(zero3_world, tmp_path):
     """A save is an observer: users checkpoint from callbacks at arbitrary points (after an eval forward,
     inside a gathered block that logs weights).  It may release params (they are fetched again), never
@@ -75,8 +66,7 @@ def test_mid_training_save_changes_nothing(zero3_world, tmp_path):
     assert f004.tensor_differences("final", plain["final"], saved["final"]) == []
 
 
-@pytest.mark.zero3_contract("004-g", "save_checkpoint inside GatheredParameters leaves the held param gathered at "
-                                     "full shape with its values until the context exits")
+@pytest.mark.zero3_contract("004-g")
 def test_save_inside_gathered_parameters_keeps_the_held_param(zero3_world, tmp_path):
     """Users log or edit weights inside ``GatheredParameters`` and checkpoint from the same callback.
     DeepSpeed refuses a nested gather of a held param (``save_16bit_model`` there raises its clear
@@ -101,10 +91,7 @@ def _resized(world, size):
 
 @pytest.mark.zero3_world_size(2)
 @pytest.mark.zero3_timeout(120)
-@pytest.mark.zero3_contract("004-e", "a checkpoint saved at world size 2 loads at world sizes 1 and 3 through "
-                                     "DeepSpeed's universal checkpoint with the trained weights and training "
-                                     "continues; a plain load there raises DeepSpeed's error or loads the "
-                                     "trained weights, never wrong ones")
+@pytest.mark.zero3_contract("004-e")
 def test_checkpoint_loads_at_another_world_size(zero3_world, tmp_path):
     """Resuming on a different number of ranks is the universal checkpoint's job; the rigid path must
     refuse rather than hand each rank a shard cut for another world size."""
@@ -126,9 +113,7 @@ def test_checkpoint_loads_at_another_world_size(zero3_world, tmp_path):
 
 @pytest.mark.zero3_preload("transformers", "peft")
 @pytest.mark.zero3_timeout(240)
-@pytest.mark.zero3_contract("004-d", "a tiny Llama + PEFT LoRA trained under ZeRO-3, saved with save_pretrained "
-                                     "from the gathered state dict as HF does, loads with PeftModel.from_pretrained "
-                                     "into a plain model with no size mismatch and the trained adapter and outputs")
+@pytest.mark.zero3_contract("004-d")
 def test_peft_adapter_round_trip(zero3_world, tmp_path):
     """transformers issue 20082: an adapter saved from ZeRO-3 placeholders fails to load with a
     torch.Size([0]) size mismatch, or loads an empty adapter silently."""

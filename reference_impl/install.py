@@ -15,7 +15,7 @@
 * ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
   param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it);
 * ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
-  (:mod:`reference_impl.checkpoint`);
+  (:mod:`pytest_zero3.reference_impl.checkpoint`);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 

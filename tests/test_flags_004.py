@@ -59,7 +59,7 @@ def test_suite_flags_save_path_fork_with_its_contract(run_suite, save_path_fork,
     selected = sorted(set(SELECT) | flags)
     run = run_suite(save_path_fork(contract), ",".join(selected))
     outcomes = run.outcomes()
-    wrong = {cid: outcomes.get(cid) for cid in {contract} | flags if outcomes.get(cid) != "FAIL"}
+    wrong = {cid: outcomes.get(cid) for cid in {contract} | flags if outcomes.get(cid) != "fail"}
     assert not wrong, (f"{sorted({contract} | flags)} should flag the {contract} save-path fork, got {wrong}; "
                        f"all: {outcomes}\n{run.stdout[-4000:]}")
     others = {cid: out for cid, out in outcomes.items() if cid not in {contract} | flags | also and out != "pass"}
