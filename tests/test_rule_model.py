@@ -226,3 +226,15 @@ def test_eval_forward_uses_the_training_trace():
     assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(fwd_only, kept)]) == []
     released = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(fwd_only, RELEASE_ALL[:6])])
     assert rules_of(released) == ["rule-c"]
+
+
+def test_early_stopped_recompute_is_closed_by_the_backward():
+    """PPC ``release_sub_module``: ``param.ds_active_sub_modules.discard(submodule.ds_id)``: one claim per
+    module.  With checkpoint early stop on, a recompute's forward may never reach its post hook; the
+    module's own post-backward ends that claim, and its params go."""
+    numel = {"t": N}
+    events = [ev(FWD_PRE, "T", params=["t"]), ev(FWD_POST, "T", params=["t"]),
+              ev(BWD_PRE, "T", params=["t"]), ev(FWD_PRE, "T", True, ["t"]),  # recompute, stopped early
+              ev(BWD_POST, "T", params=["t"]), ev(END)]
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    assert r.judge(cfg, [step(events, ["t", "", "t", "t", "", ""], numel)] * 2) == []
