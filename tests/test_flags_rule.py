@@ -20,7 +20,7 @@ EVERYTHING = "000,001,002,003,base,rule"
 
 
 @pytest.mark.parametrize("bad_file, cls, flagged", [
-    ("backward_defers_release.py", "BackwardDefersRelease", {"rule-b"}),
+    ("backward_defers_release.py", "BackwardDefersRelease", {"rule-b", "rule-f"}),
     ("prefetch_counts_shards.py", "PrefetchCountsShards", {"rule-d"}),
     ("prefetch_ignores_max_live.py", "PrefetchIgnoresMaxLive", {"rule-d"}),
     ("partitions_persistent_in_backward.py", "PartitionsPersistentInBackward", {"rule-e", "rule-f"}),
