@@ -25,7 +25,6 @@ def worker(rank, args, store):
         import reference_impl
         reference_impl.install()
     from fixtures import family_rule as f
-    from fixtures import rules
     out = []
     for spec in args.specs:
         t0 = time.perf_counter()
@@ -49,7 +48,6 @@ def worker(rank, args, store):
                 by_rule.setdefault(v.rule, []).append(v)
             for rule, vs in sorted(by_rule.items()):
                 print(f"example {i}: {rule}: {len(vs)} violations; first: {vs[0]}"[:600])
-        del rules
 
 
 def main():

@@ -37,3 +37,11 @@ def test_only_the_rule_flags_each_bad_coordinator(run_suite, monkeypatch, bad_fi
         f"{cls}: the suite did not run: {outcomes}\n{run.stdout[-3000:]}")
     assert run.failed_ids() == flagged, (f"{cls}: expected exactly {sorted(flagged)} to FAIL, got "
                                          f"{sorted(run.failed_ids())}; all: {outcomes}\n{run.stdout[-4000:]}")
+
+
+def test_default_examples_are_reproducible():
+    """The rule family's default examples are the same on every run: CI must not flake on a new draw."""
+    import json
+    from conformance import test_rule_oracle as oracle
+    assert json.dumps(oracle.draw_examples(4, None)) == json.dumps(oracle.draw_examples(4, None))
+    assert json.dumps(oracle.draw_examples(4, 7)) != json.dumps(oracle.draw_examples(4, None))
