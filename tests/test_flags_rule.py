@@ -8,8 +8,9 @@ IDs as FAIL: the rule contracts that pin the broken rule, and no contract of fam
 have cleaned up, or compare numbers only).  ``grows_fetch_log`` is flagged by 001-d's retained-memory
 bound (tracemalloc), which the gc-object census alone missed.
 
-Cost: about 60-80 s per coordinator on the 2-core box under load (the suite's ~45 s plus the rule
-anchors), six coordinators: about 7 min of CPU, ~3.5-4 min wall with ``-n 2``.
+Cost: one suite run per coordinator.  Measured on the shared 2-core box under heavy load (load
+average ~24): 195-330 s each, about 20 min for the file serially; on a quiet box expect the suite's
+~45 s plus ~25 s of rule anchors each, i.e. ~7 min of CPU (~3.5-4 min wall with ``-n 2``).
 """
 from pathlib import Path
 
