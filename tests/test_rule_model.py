@@ -238,3 +238,15 @@ def test_early_stopped_recompute_is_closed_by_the_backward():
               ev(BWD_POST, "T", params=["t"]), ev(END)]
     cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
     assert r.judge(cfg, [step(events, ["t", "", "t", "t", "", ""], numel)] * 2) == []
+
+
+def test_persistent_params_after_an_invalidation_are_not_judged():
+    """PPC ``release_sub_module``: once ``trace_prologue`` invalidated the trace mid-step the release set is
+    every param of the module, persistent ones included (0.19.x), while the reference keeps them: a
+    second gather of a persistent param in that step is allowed."""
+    cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=N)
+    keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2"] + ["w0 w1 w2"] * 7
+    swapped = [ev(FWD_PRE, "L1"), ev(FWD_POST, "L1"), ev(FWD_PRE, "L0"), ev(FWD_POST, "L0"),
+               ev(BWD_PRE, "L0"), ev(BWD_POST, "L0"), ev(BWD_PRE, "L1"), ev(BWD_POST, "L1"), ev(END)]
+    dropped = step(swapped, ["w1", "", "w0", "", "w0", "", "w1", "", ""], gathers={"w0": 2, "w1": 2})
+    assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep), dropped]) == []
