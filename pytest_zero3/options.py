@@ -41,6 +41,12 @@ def add_options(parser) -> None:
                     help="TOML file of contract IDs known to fail for this implementation, each with a reason.")
     group.addoption("--zero3-strict", action="store_true", default=False,
                     help="Fail the run when a contract listed in --zero3-expect unexpectedly passes.")
+    group.addoption("--zero3-examples", type=int, default=None, metavar="N",
+                    help="Generated examples per run of the rule family (default: its small CI budget).")
+    group.addoption("--zero3-seed", type=int, default=None, metavar="S",
+                    help="Seed of the rule family's generated examples (default: a fixed derandomised one).")
+    group.addoption("--zero3-shrink", type=int, default=6, metavar="N",
+                    help="Worlds the rule family may start to shrink a failing example (0: report it unshrunk).")
 
 
 @dataclasses.dataclass

@@ -26,6 +26,7 @@ class Case:
     may_fail: FrozenSet[str] = frozenset()  # may FAIL too (their scenario exercises the same bug); nothing else may
     must_pass: FrozenSet[str] = frozenset()  # must pass (the bug cannot show there)
     check: Optional[Callable] = None  # extra assertions on the tests.conftest.Run
+    extra: tuple = ()  # more pytest arguments for the run
 
     @property
     def name(self) -> str:
@@ -38,11 +39,16 @@ def _diverges_without_hanging(run) -> None:
     assert "still running after" not in run.stdout, f"003-b caught the divergence only as a hang:\n{run.stdout[-4000:]}"
 
 
+#: The coordinator families (004 judges DeepSpeed's save path, not the coordinator), the rule family on
+#: its fixed anchors only and unshrunk: the flag tests need the IDs, not a reproducer.
+COORDINATOR_FAMILIES = "000,001,002,003,base,rule"
+ANCHORS_ONLY = ("--zero3-examples=0", "--zero3-shrink=0")
+
 CASES = (
     # family 000 (DeepSpeed PR 9003)
     Case("prefetch_skip_retention.py:PrefetchSkipRetention",
          "PR 9003: prefetch-skipped params kept until their next (backward) use",
-         frozenset({"000-a"}), "", may_fail=family("000")),
+         frozenset({"000-a"}), COORDINATOR_FAMILIES, may_fail=family("000") | {"rule-b", "rule-f"}, extra=ANCHORS_ONLY),
     # Every family-000 contract that configures a non-zero distance fails; 000-a, 000-c and 000-f run at
     # distance 0 and 000-g compares losses only.
     Case("ignores_reuse_distance.py:IgnoresReuseDistance", "never keeps a param for reuse",
@@ -58,7 +64,8 @@ CASES = (
     # bug legitimately breaks it too; 002-d recomputes no frozen param.
     Case("partition_frozen_during_recompute.py:PartitionFrozenDuringRecompute",
          "PR 8130: frozen params partitioned during checkpoint recompute",
-         frozenset({"002-a"}), "", may_fail=family("002") | {"base-f"}, must_pass=frozenset({"002-d"})),
+         frozenset({"002-a"}), COORDINATOR_FAMILIES, may_fail=family("002") | family("rule") | {"base-f"},
+         must_pass=frozenset({"002-d"}), extra=ANCHORS_ONLY),
     # family 003 (DeepSpeed PR 8431)
     Case("rank_local_adaptive.py:RankLocalAdaptiveCoordinator",
          "PR 8431 review: each rank decides the bucket from its own clock", frozenset({"003-b"}), "003",
@@ -80,4 +87,19 @@ CASES = (
     # re-fetched) and base-f checks bookkeeping, not numbers.
     Case("stale_gather_cache.py:StaleGatherCache", "DeepSpeed's coordinator serving stale gathered copies",
          frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h"}), "base"),
+    # family rule: each a realistic mistake the hand-written contracts miss (exactly these IDs fail)
+    Case("backward_defers_release.py:BackwardDefersRelease", "backward releases left to the end-of-backward cleanup",
+         frozenset({"rule-b", "rule-f"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    Case("prefetch_counts_shards.py:PrefetchCountsShards", "prefetch bucket filled with per-rank shard sizes",
+         frozenset({"rule-d"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    Case("prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive", "`stage3_max_live_parameters` never applied to prefetch",
+         frozenset({"rule-d"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    Case("partitions_persistent_in_backward.py:PartitionsPersistentInBackward",
+         "backward release drops the persistent-param exception", frozenset({"rule-e", "rule-f"}),
+         COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    Case("backward_window_off_by_one.py:BackwardWindowOffByOne", "backward reuse scan uses `>` instead of `>=`",
+         frozenset({"rule-b", "rule-f"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
+    Case("grows_fetch_log.py:GrowsFetchLog", "a log of int tuples that is never trimmed",
+         frozenset({"001-d"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
 )

@@ -15,7 +15,7 @@ from flags import CASES
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_suite_flags_bad_coordinator(run_suite, case):
     file, cls = case.coordinator.split(":")
-    run = run_suite(f"{BAD / file}:{cls}", case.select)
+    run = run_suite(f"{BAD / file}:{cls}", case.select, *case.extra)
     outcomes = run.outcomes()
     tail = run.stdout[-4000:]
     not_run = sorted(cid for cid, out in outcomes.items() if out == "not_run")

@@ -7,7 +7,7 @@ this only for NVMe-offloaded params, whose swap buffers need it).  Prefetch sees
 each forward-gathered param, so with prefetch on every layer stays gathered until backward even at
 ``stage3_max_reuse_distance=0``.
 
-Contract that must flag it: **000-a** (and nothing outside family 000; see tests/test_flags_000.py).
+Contract that must flag it: **000-a** (and nothing outside family 000; see tests/flags.py).
 
 Use: ``--zero3-impl=tests/bad_coordinators/prefetch_skip_retention.py:PrefetchSkipRetention``.
 Importing this file installs ``reference_impl`` (its engine-lifecycle and config patches), so that

@@ -1,0 +1,267 @@
+"""The rule model (``fixtures/rules.py``) on hand-made traces: each rule, broken and kept, in milliseconds.
+
+Every test names the DeepSpeed passage its rule comes from: the ZeRO config docs
+(deepspeed.readthedocs.io "ZeRO" / "stage3_*" keys), deepspeed 0.19.8's
+``runtime/zero/partitioned_param_coordinator.py`` (PPC) and ``parameter_offload.py`` (PO), and the
+seeds (DeepSpeed PRs 9003, 8883, 8148, 8431).
+"""
+from pytest_zero3.fixtures import rules as r
+from pytest_zero3.fixtures.rules import BWD_POST, BWD_PRE, END, FWD_POST, FWD_PRE, Event
+
+N = 10  # numel of every param in these traces
+NUMEL = {"w0": N, "w1": N, "w2": N}
+
+
+def ev(kind, module="", recompute=False, params=None):
+    if params is None:
+        params = () if kind == END else (f"w{module[1:]}",)
+    return Event(kind, module, tuple(params), recompute)
+
+
+def mlp_events(layers=3):
+    """Forward L0..Ln-1, backward Ln-1..L1 (L0's input needs no grad: its post-backward never fires), end."""
+    out = []
+    for i in range(layers):
+        out += [ev(FWD_PRE, f"L{i}"), ev(FWD_POST, f"L{i}")]
+    for i in reversed(range(layers)):
+        out.append(ev(BWD_PRE, f"L{i}"))
+        if i:
+            out.append(ev(BWD_POST, f"L{i}"))
+    return out + [ev(END)]
+
+
+def step(events, gathered, numel=NUMEL, gathers=None, complete=True):
+    """A StepRecord whose status after event i is AVAILABLE for the names in ``gathered[i]`` (a
+    space-separated string), INFLIGHT for those ending in ``~``, else NOT_AVAILABLE."""
+    status = []
+    for g in gathered:
+        names = g.split()
+        state = {n.rstrip("~"): r.INFLIGHT if n.endswith("~") else r.AVAILABLE for n in names}
+        status.append({p: state.get(p, r.NOT_AVAILABLE) for p in numel})
+    return r.StepRecord(events, status, {p: r.NOT_AVAILABLE for p in numel}, gathers, complete)
+
+
+#: The gathered sets of a correct coordinator at reuse distance 0, prefetch off, on ``mlp_events(3)``.
+RELEASE_ALL = ["w0", "", "w1", "", "w2", "", "w2", "", "w1", "", "w0", ""]
+ONCE_EACH = {"w0": 2, "w1": 2, "w2": 2}
+
+
+def rules_of(violations):
+    return sorted({v.rule for v in violations})
+
+
+def test_release_all_at_distance_zero_is_clean():
+    """Seed 000 (PR 9003): "stage3_max_reuse_distance: 0 now releases parameters as soon as each module's
+    forward completes and re-gathers them during backward"."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    steps = [step(mlp_events(), RELEASE_ALL, gathers=ONCE_EACH)] * 3
+    assert r.judge(cfg, steps) == []
+
+
+def test_kept_past_the_window_is_rule_b():
+    """Seed 000 / PPC ``__params_to_release``: only the reuse scan keeps a forward-gathered param; the
+    0.19.8 prefetch-skip retention (issue 7670) that keeps w0 until backward breaks it."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    kept = ["w0", "w0", "w0 w1", "w0", "w0 w2", "w0", "w0 w2", "w0", "w0 w1", "w0", "w0", ""]
+    violations = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), kept)])
+    assert rules_of(violations) == ["rule-b"]
+    first = violations[0]
+    assert (first.step, first.event, first.param) == (1, 1, "w0") and "end of forward of 'L0'" in str(first)
+
+
+def test_record_step_is_not_judged_for_the_window():
+    """PPC ``release_sub_module``: without a complete trace every param of the module is released; the
+    window applies from the second step.  Keeping w0 in step 0 is a rule-b violation (release all)."""
+    cfg = r.Config(NUMEL, reuse_distance=10**9, prefetch_bucket=0, persistence_threshold=0)
+    kept = ["w0", "w0", "w0 w1", "w0", "w0 w2", "w0", "w0 w2", "w0", "w0 w1", "w0", "w0", ""]
+    assert [(v.rule, v.step, v.event) for v in r.judge(cfg, [step(mlp_events(), kept)])] == [("rule-b", 0, 1)]
+
+
+def test_window_boundary_is_exact():
+    """PPC ``__params_to_release``: ``if params_traversed >= max_reuse_dist_in_numel: break`` before each
+    scanned module, so a module is in the window iff fewer than the distance elements precede it."""
+    trace = [("a", ("pa",)), ("b", ("pb",)), ("c", ("pc",)), ("d", ("pd",))]
+    numel = {"pa": 10, "pb": 10, "pc": 10, "pd": 10}
+    assert r.reuse_window(trace, 1, 0, numel) == set()
+    assert r.reuse_window(trace, 1, 1, numel) == {"pb"}
+    assert r.reuse_window(trace, 1, 20, numel) == {"pb", "pc"}
+    assert r.reuse_window(trace, 1, 19, numel) == {"pb", "pc"}
+    assert r.reuse_window(trace, 1, 21, numel) == {"pb", "pc", "pd"}
+
+
+def test_window_keeps_are_rule_c():
+    """ZeRO docs, ``stage3_max_reuse_distance``: "Do not release a parameter if it will be reused within
+    this threshold of parameters".  Distance 2 layers: w2 (last forward layer) is reused by the next
+    module (its own backward), so it stays; w1's window (L2 forward, L2 backward) ends just before its
+    backward use, so it goes.  Releasing w2 is rule-c and costs a second gather (rule-f)."""
+    cfg = r.Config(NUMEL, reuse_distance=2 * N, prefetch_bucket=0, persistence_threshold=0)
+    good = ["w0", "", "w1", "", "w2", "w2", "w2", "", "w1", "", "w0", ""]
+    gathers = {"w0": 2, "w1": 2, "w2": 1}
+    assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), good, gathers=gathers)]) == []
+    bad = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), RELEASE_ALL, gathers=ONCE_EACH)])
+    assert [(v.rule, v.param) for v in bad] == [("rule-c", "w2"), ("rule-f", "w2")]
+    wider = dataclass_replace(cfg, reuse_distance=2 * N + 1)  # one element more: w1's backward use is in
+    assert ("rule-c", "w1") in [(v.rule, v.param) for v in r.judge(wider, [step(mlp_events(), RELEASE_ALL),
+                                                                           step(mlp_events(), good)])]
+
+
+def test_running_module_params_are_rule_a():
+    """PO: the pre hooks fetch and the post hooks release; PPC ``fetch_sub_module`` asserts every param is
+    AVAILABLE before the module runs.  A param partitioned while its module runs is rule-a."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    bad = list(RELEASE_ALL)
+    bad[6] = ""  # after L2's backward pre hook, w2 missing
+    assert rules_of(r.judge(cfg, [step(mlp_events(), bad)])) == ["rule-a"]
+
+
+def test_recompute_frozen_params_stay_for_the_owning_backward():
+    """Seed 002 / PR 8148: frozen params gathered by a non-reentrant checkpoint recompute are attributed
+    to the backward module that triggered it and released with its backward, not at the recompute's
+    forward end (else CheckpointError).  Trace: F (frozen, checkpointed) -> T; backward of T recomputes F."""
+    numel = {"f": N, "t": N}
+    events = [ev(FWD_PRE, "F", params=["f"]), ev(FWD_POST, "F", params=["f"]),
+              ev(FWD_PRE, "T", params=["t"]), ev(FWD_POST, "T", params=["t"]),
+              ev(BWD_PRE, "T", params=["t"]),
+              ev(FWD_PRE, "F", True, ["f"]), ev(FWD_POST, "F", True, ["f"]),
+              ev(BWD_POST, "T", params=["t"]), ev(END)]
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0, frozen=frozenset({"f"}))
+    good = ["f", "", "t", "", "t", "t f", "t f", "", ""]
+    assert r.judge(cfg, [step(events, good, numel)] * 2) == []
+    early = ["f", "", "t", "", "t", "t f", "t", "", ""]
+    assert rules_of(r.judge(cfg, [step(events, early, numel)] * 2)) == ["rule-a"]
+    cfg_trainable = dataclass_replace(cfg, frozen=frozenset())
+    assert rules_of(r.judge(cfg_trainable, [step(events, good, numel)] * 2)) == ["rule-b"]
+
+
+def dataclass_replace(obj, **kw):
+    import dataclasses
+    return dataclasses.replace(obj, **kw)
+
+
+def test_persistent_params_stay_within_the_step():
+    """ZeRO docs, ``stage3_param_persistence_threshold``: "Do not partition parameters smaller than this
+    threshold"; PPC ``__params_to_release`` drops ``ds_persist`` params.  Partitioning one mid-step (and
+    gathering it again) is rule-e; on the recording step 0.19.8 does partition them: allowed there."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=N)  # all persistent
+    keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2"] + ["w0 w1 w2"] * 7
+    first = step(mlp_events(), RELEASE_ALL)
+    assert r.judge(cfg, [first, step(mlp_events(), keep, gathers={"w0": 1, "w1": 1, "w2": 1})]) == []
+    dropped = step(mlp_events(), RELEASE_ALL, gathers=ONCE_EACH)
+    assert rules_of(r.judge(cfg, [first, dropped])) == ["rule-e", "rule-f"]
+
+
+def test_prefetch_window_and_bucket():
+    """ZeRO docs, ``stage3_prefetch_bucket_size``: "The size of the fixed buffer for prefetching
+    parameters"; PPC prefetches in trace order until the bucket's numel is reached, only with bucket > 0.
+    In-flight params count as gathered (an in-flight all-gather holds its output buffer)."""
+    no_prefetch = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    early = list(RELEASE_ALL)
+    early[0] = "w0 w1~"  # w1 in flight at L0's start
+    steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), early)]
+    assert rules_of(r.judge(no_prefetch, steps)) == ["rule-d"]
+    one_layer = dataclass_replace(no_prefetch, prefetch_bucket=N)
+    assert r.judge(one_layer, steps) == []
+    too_far = list(RELEASE_ALL)
+    too_far[0] = "w0 w1~ w2~"
+    steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), too_far)]
+    assert rules_of(r.judge(one_layer, steps)) == ["rule-d"]
+    assert r.judge(dataclass_replace(no_prefetch, prefetch_bucket=2 * N), steps) == []
+
+
+def test_max_live_parameters_bounds_prefetch():
+    """ZeRO docs, ``stage3_max_live_parameters``: "The maximum number of parameters resident per GPU
+    before releasing"; PPC limits a prefetch to ``max_available - n_available``."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=10 * N, max_live=1, persistence_threshold=0)
+    far = list(RELEASE_ALL)
+    far[0] = "w0 w1~ w2~"
+    steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), far)]
+    assert [v.rule for v in r.judge(cfg, steps)] == ["rule-d"]
+    assert r.judge(dataclass_replace(cfg, max_live=N + 1), steps) == []
+
+
+def test_gather_count_is_exact():
+    """Seed 000 (PR 9003, default 1e9 "params are still kept resident through backward"): each param is
+    gathered once per step at the default distance; a second gather means a release inside the window."""
+    cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=0)
+    keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2", "w0 w1 w2", "w0 w1 w2", "w0 w1", "w0 w1", "w0", "w0", ""]
+    once = {"w0": 1, "w1": 1, "w2": 1}
+    assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep, gathers=once)]) == []
+    twice = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep, gathers={**once, "w1": 2})])
+    assert [(v.rule, v.param) for v in twice] == [("rule-f", "w1")]
+
+
+def test_everything_partitioned_after_backward():
+    """PPC ``release_backward_leftovers`` (stage3 ``backward_epilogue``): modules whose post-backward hook
+    never fired are released at the end of backward; nothing but persistent params stays."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    left = list(RELEASE_ALL)
+    left[-1] = "w0"
+    assert [(v.rule, v.event) for v in r.judge(cfg, [step(mlp_events(), left)])] == [("rule-b", 11)]
+
+
+def test_changed_order_retraces():
+    """PPC ``trace_prologue``: a module other than the trace's invalidates it (the rest of the step releases
+    everything); ``reset_step`` then records and the step after is complete again (rule-g: the
+    coordinator must say so)."""
+    cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=0)
+    swapped = [ev(FWD_PRE, "L1"), ev(FWD_POST, "L1"), ev(FWD_PRE, "L0"), ev(FWD_POST, "L0"), ev(END)]
+    trace = r.Trace()
+    keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2", "w0 w1 w2", "w0 w1 w2", "w0 w1", "w0 w1", "w0", "w0", ""]
+    steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep),
+             step(swapped, ["w1", "", "w0", "", ""]),  # deviates at its first fetch: release everything
+             step(mlp_events(), RELEASE_ALL),  # records
+             step(mlp_events(), keep, complete=False)]
+    violations = r.judge(cfg, steps, trace)
+    assert [(v.rule, v.step) for v in violations] == [("rule-g", 4)]
+    assert trace.mode == "complete" and [m for m, _ in trace.modules][:3] == ["L0", "L1", "L2"]
+
+
+def test_eval_forward_uses_the_training_trace():
+    """PPC: an eval forward matches the recorded trace's forward prefix, so the window still sees the
+    backward uses (the default distance keeps every param through it); nothing is counted or judged at
+    an end of backward that never comes."""
+    cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=0)
+    fwd_only = mlp_events()[:6]
+    kept = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2", "w0 w1 w2"]
+    assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(fwd_only, kept)]) == []
+    released = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(fwd_only, RELEASE_ALL[:6])])
+    assert rules_of(released) == ["rule-c"]
+
+
+def test_early_stopped_recompute_is_closed_by_the_backward():
+    """PPC ``release_sub_module``: ``param.ds_active_sub_modules.discard(submodule.ds_id)``: one claim per
+    module.  With checkpoint early stop on, a recompute's forward may never reach its post hook; the
+    module's own post-backward ends that claim, and its params go."""
+    numel = {"t": N}
+    events = [ev(FWD_PRE, "T", params=["t"]), ev(FWD_POST, "T", params=["t"]),
+              ev(BWD_PRE, "T", params=["t"]), ev(FWD_PRE, "T", True, ["t"]),  # recompute, stopped early
+              ev(BWD_POST, "T", params=["t"]), ev(END)]
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    assert r.judge(cfg, [step(events, ["t", "", "t", "t", "", ""], numel)] * 2) == []
+
+
+def test_persistent_params_after_an_invalidation_are_not_judged():
+    """PPC ``release_sub_module``: once ``trace_prologue`` invalidated the trace mid-step the release set is
+    every param of the module, persistent ones included (0.19.x), while the reference keeps them: a
+    second gather of a persistent param in that step is allowed."""
+    cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=N)
+    keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2"] + ["w0 w1 w2"] * 7
+    swapped = [ev(FWD_PRE, "L1"), ev(FWD_POST, "L1"), ev(FWD_PRE, "L0"), ev(FWD_POST, "L0"),
+               ev(BWD_PRE, "L0"), ev(BWD_POST, "L0"), ev(BWD_PRE, "L1"), ev(BWD_POST, "L1"), ev(END)]
+    dropped = step(swapped, ["w1", "", "w0", "", "w0", "", "w1", "", ""], gathers={"w0": 2, "w1": 2})
+    assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep), dropped]) == []
+
+
+def test_rule_statements_are_the_registry_statements():
+    """The model names its rules in failures; the report takes the registry's text: they must agree."""
+    from pytest_zero3 import registry
+    contracts = registry.load()
+    assert {rule: contracts[rule].statement for rule in r.RULES} == r.RULES
+
+
+def test_default_examples_are_reproducible():
+    """The rule family's default examples are the same on every run: CI must not flake on a new draw."""
+    import json
+    from pytest_zero3.conformance import test_rule_oracle as oracle
+    assert json.dumps(oracle.draw_examples(4, None)) == json.dumps(oracle.draw_examples(4, None))
+    assert json.dumps(oracle.draw_examples(4, 7)) != json.dumps(oracle.draw_examples(4, None))
