@@ -11,8 +11,11 @@ JSON schema (``schema: "pytest-zero3/report"``, ``version: 1``)::
                         "backend", "world_size"},
      "summary": {"pass": n, "FAIL": n, "unsupported": n, "known failure": n, "unexpected pass": n,
                  "skipped": n, "total": n},
-     "contracts": [{"id", "family", "statement", "outcome", "reason", "duration", "tests": [nodeid],
+     "contracts": [{"id", "family", "statement", "outcome", "reason", "message", "duration", "tests": [nodeid],
                     "ranks": [{"rank", "status", "message", "traceback"}]}]}
+
+``reason`` is the expectation's reason for a known failure; ``message`` is the failure itself
+(FAIL and known failure), so a report made with an expectations file still shows what failed.
 """
 from __future__ import annotations
 
@@ -91,7 +94,12 @@ def on_report(item, call, rep) -> None:
         return
     state = item.config.stash[_STATE]
     cid, statement = c
-    reason = ""
+    reason = message = ""
+    if rep.failed and call.excinfo is not None:  # the failure itself, kept for a known failure too
+        if call.excinfo.errisinstance(WorldFailure):
+            message = first_failure(call.excinfo.value.outcomes)
+        else:
+            message = (call.excinfo.exconly().splitlines() or [""])[0]
     if call.excinfo is not None and call.excinfo.errisinstance(Unsupported):
         status, reason = UNSUPPORTED, str(call.excinfo.value)
         rep.outcome, rep.longrepr = "skipped", (str(item.path), item.location[1] or 0, f"unsupported: {reason}")
@@ -101,11 +109,7 @@ def on_report(item, call, rep) -> None:
         status, reason = KNOWN, state.expected[cid]
         rep.outcome, rep.wasxfail = "skipped", f"known failure {cid}: {reason}"
     elif rep.failed:
-        status = FAIL
-        if call.excinfo is not None and call.excinfo.errisinstance(WorldFailure):
-            reason = first_failure(call.excinfo.value.outcomes)
-        elif call.excinfo is not None:
-            reason = (call.excinfo.exconly().splitlines() or [""])[0]
+        status, reason = FAIL, message
     elif cid in state.expected:
         status, reason = XPASS, f"listed in --zero3-expect: {state.expected[cid]}"  # judged per contract at the end
     else:
@@ -116,7 +120,7 @@ def on_report(item, call, rep) -> None:
         if any(o.status != "passed" for o in outcomes):
             break
     identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
-    rep.zero3 = dict(id=cid, statement=statement, status=status, reason=reason,
+    rep.zero3 = dict(id=cid, statement=statement, status=status, reason=reason, message=message,
                      ranks=ranks if status in (FAIL, KNOWN) else [], identity=identity)
 
 
@@ -135,12 +139,12 @@ def logreport(rep) -> None:
     if data.get("identity") and not state.identity:
         state.identity = data["identity"]
     row = state.rows.setdefault(data["id"], dict(id=data["id"], family=data["id"].split("-")[0],
-                                                 statement=data["statement"], outcome=PASS, reason="",
+                                                 statement=data["statement"], outcome=PASS, reason="", message="",
                                                  duration=0.0, tests=[], ranks=[]))
     row["duration"] += rep.duration
     row["tests"].append(rep.nodeid)
     if ORDER.index(data["status"]) < ORDER.index(row["outcome"]) or len(row["tests"]) == 1:
-        row.update(outcome=data["status"], reason=data["reason"], ranks=data["ranks"])
+        row.update(outcome=data["status"], reason=data["reason"], message=data.get("message", ""), ranks=data["ranks"])
 
 
 def _implementation(state) -> dict:
