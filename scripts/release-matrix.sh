@@ -59,6 +59,28 @@ prepare() {  # release -> venv ready with deepspeed, or returns non-zero with th
     local v="$1" torch="${TORCH_FOR[$1]:-$DEFAULT_TORCH}" venv="$cache/venvs/deepspeed-$1" log="$cache/logs/deepspeed-$1.log"
     local wheel="$cache/deepspeed-$v-py3-none-any.whl"
     status "$v" torch "$torch" default_torch "$DEFAULT_TORCH"
+    # A venv that got everything once is reused as it is (pip's dependency checks take minutes on a
+    # loaded machine); delete the venv to rebuild it.
+    local ready="$venv/.zero3-ready" want="torch==$torch deepspeed==$v ${PIN_DEPS[*]}"
+    if [ -f "$wheel" ] && [ "$(cat "$ready" 2>/dev/null)" = "$want" ]; then
+        echo "  wheel and venv cached: $wheel"
+    else
+        rm -f "$ready"
+        install_release "$v" "$torch" "$venv" "$log" "$wheel" || return 1
+        echo "$want" >"$ready"
+    fi
+    # The checkout is reinstalled every time (not editable: the suite runs with --pyargs from the venv).
+    run_nice "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation --force-reinstall "$repo" \
+        >>"$log" 2>&1 || { status "$v" error "pytest-zero3 does not install (see $log)"; return 1; }
+    local err
+    if ! err=$(cd / && "$venv/bin/python" -c "import deepspeed, deepspeed.runtime.zero" 2>&1); then
+        status "$v" error "import deepspeed fails on torch $torch: $(printf '%s\n' "$err" | grep -v '^\s' | tail -1)"
+        return 1
+    fi
+}
+
+install_release() {  # release torch venv log wheel -> venv with torch, the wheel (built once) and the pinned deps
+    local v="$1" torch="$2" venv="$3" log="$4" wheel="$5"
     if [ ! -x "$venv/bin/python" ]; then
         "$py" -m venv "$venv" >>"$log" 2>&1 || { status "$v" error "python -m venv failed (see $log)"; return 1; }
     fi
@@ -74,16 +96,8 @@ prepare() {  # release -> venv ready with deepspeed, or returns non-zero with th
             || { status "$v" error "the deepspeed $v sdist does not build with torch $torch (see $log)"; return 1; }
         echo "  built in $((SECONDS - t0)) s"
     fi
-    # The checkout is reinstalled every time (not editable: the suite runs with --pyargs from the venv).
     run_nice "$venv/bin/python" -m pip install --quiet "$wheel" "${PIN_DEPS[@]}" >>"$log" 2>&1 \
         || { status "$v" error "deepspeed $v's dependencies do not install (see $log)"; return 1; }
-    run_nice "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall "$repo" >>"$log" 2>&1 \
-        || { status "$v" error "pytest-zero3 does not install (see $log)"; return 1; }
-    local err
-    if ! err=$(cd / && "$venv/bin/python" -c "import deepspeed, deepspeed.runtime.zero" 2>&1); then
-        status "$v" error "import deepspeed fails on torch $torch: $(printf '%s\n' "$err" | grep -v '^\s' | tail -1)"
-        return 1
-    fi
 }
 
 suite() {  # release -> JSON report; exit status of the run (0: green with the expectations file)
