@@ -7,7 +7,8 @@
 # expectations file when there is one), then render one Markdown table of contracts x releases into
 # the README between the release-matrix markers. A second run reuses the wheels and the venvs.
 #
-# Usage: scripts/release-matrix.sh [RELEASE...]     (default: the releases below)
+# Usage: scripts/release-matrix.sh [RELEASE...]     (default: the releases below; with releases given,
+#        only those are built and run, and the table keeps the other columns from their last reports)
 # Settings (environment):
 #   ZERO3_MATRIX_CACHE   wheel cache; venvs and logs go under it
 #                        (default: ${XDG_CACHE_HOME:-~/.cache}/pytest-zero3/ds-wheels)
@@ -36,6 +37,7 @@ cache="${ZERO3_MATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-zero3/ds-whe
 out="${ZERO3_MATRIX_OUT:-$repo/reports/release-matrix}"
 py="${ZERO3_MATRIX_PYTHON:-python3}"
 nice_n="${ZERO3_MATRIX_NICE:-15}"
+ALL=("${RELEASES[@]}")  # the table always shows these; a run of some releases re-renders the rest from their reports
 [ $# -gt 0 ] && RELEASES=("$@")
 mkdir -p "$cache/venvs" "$cache/logs" "$out"
 export DS_ACCELERATOR=cpu DS_BUILD_OPS=0
@@ -134,5 +136,6 @@ for v in "${RELEASES[@]}"; do
 done
 echo "all releases in $((SECONDS - start)) s"
 if [ "${ZERO3_MATRIX_RENDER:-1}" != 0 ] && [ "${ZERO3_MATRIX_SUITE:-1}" != 0 ]; then
-    "$py" "$repo/scripts/render_matrix.py" --reports "$out" --readme "$repo/README.md" "${RELEASES[@]}"
+    "$py" "$repo/scripts/render_matrix.py" --reports "$out" --readme "$repo/README.md" \
+        $(printf '%s\n' "${ALL[@]}" "${RELEASES[@]}" | sort -u)
 fi
