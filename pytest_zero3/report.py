@@ -120,7 +120,8 @@ def on_report(item, call, rep) -> None:
         if any(o.status != "passed" for o in outcomes):
             break
     identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
-    rep.zero3 = dict(id=cid, statement=statement, status=status, reason=reason, message=message,
+    rep.zero3 = dict(id=cid, statement=statement, status=status, reason=reason,
+                     message=message if status in (FAIL, KNOWN) else "",
                      ranks=ranks if status in (FAIL, KNOWN) else [], identity=identity)
 
 

@@ -146,6 +146,8 @@ def details(releases, reports, statuses):
             if c["outcome"] == "known failure":
                 out += [f"Known failure: {c['reason']}", ""]
                 msg = c.get("message", "")
+            elif c["outcome"] == "unsupported":
+                msg = c.get("reason", "")
             else:
                 msg = c.get("message") or c.get("reason", "")
             if msg:
