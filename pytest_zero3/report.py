@@ -99,7 +99,7 @@ def on_report(item, call, rep) -> None:
         if call.excinfo.errisinstance(WorldFailure):
             message = first_failure(call.excinfo.value.outcomes)
         else:
-            message = (call.excinfo.exconly().splitlines() or [""])[0]
+            message = call.excinfo.exconly()[:4000]  # an assertion's detail lines are the evidence
     if call.excinfo is not None and call.excinfo.errisinstance(Unsupported):
         status, reason = UNSUPPORTED, str(call.excinfo.value)
         rep.outcome, rep.longrepr = "skipped", (str(item.path), item.location[1] or 0, f"unsupported: {reason}")
@@ -109,7 +109,7 @@ def on_report(item, call, rep) -> None:
         status, reason = KNOWN, state.expected[cid]
         rep.outcome, rep.wasxfail = "skipped", f"known failure {cid}: {reason}"
     elif rep.failed:
-        status, reason = FAIL, message
+        status, reason = FAIL, (message.splitlines() or [""])[0]
     elif cid in state.expected:
         status, reason = XPASS, f"listed in --zero3-expect: {state.expected[cid]}"  # judged per contract at the end
     else:

@@ -42,7 +42,7 @@ def anchor(release, cid):
     return f"ds-{release}-{cid}".replace(".", "-")
 
 
-def first_line(text, limit=600):
+def clip(text, limit=1500):
     text = (text or "").strip()
     return text if len(text) <= limit else text[:limit] + " ..."
 
@@ -151,7 +151,7 @@ def details(releases, reports, statuses):
             else:
                 msg = c.get("message") or c.get("reason", "")
             if msg:
-                out += ["```", first_line(msg), "```", ""]
+                out += ["```", clip(msg), "```", ""]
     return out
 
 
