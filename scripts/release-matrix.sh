@@ -72,7 +72,7 @@ prepare() {  # release -> venv ready with deepspeed, or returns non-zero with th
         echo "$want" >"$ready"
     fi
     # The checkout is reinstalled every time (not editable: the suite runs with --pyargs from the venv).
-    run_nice "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation --force-reinstall "$repo" \
+    run_nice "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall "$checkout_wheel" \
         >>"$log" 2>&1 || { status "$v" error "pytest-zero3 does not install (see $log)"; return 1; }
     local err
     if ! err=$(cd / && "$venv/bin/python" -c "import deepspeed, deepspeed.runtime.zero" 2>&1); then
@@ -117,6 +117,15 @@ suite() {  # release -> JSON report; exit status of the run (0: green with the e
     [ -f "$out/deepspeed-$v.json" ] || status "$v" error "the suite wrote no report (exit $rc; see $out/deepspeed-$v.log)"
     return $rc
 }
+
+# This checkout as a wheel, built once per run from a copy of its files (an in-tree build writes
+# build/ in the checkout, which two runs at once would share).
+wheel_dir="$(mktemp -d)"
+trap 'rm -rf "$wheel_dir"' EXIT
+(cd "$repo" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$wheel_dir" \
+    && "$py" -m pip wheel --quiet --no-deps --no-build-isolation -w "$wheel_dir/dist" "$wheel_dir" >"$out/checkout-wheel.log" 2>&1 \
+    || { echo "this checkout does not build as a wheel: see $out/checkout-wheel.log"; exit 1; }
+checkout_wheel="$(ls "$wheel_dir"/dist/pytest_zero3-*.whl)"
 
 start=$SECONDS
 for v in "${RELEASES[@]}"; do
