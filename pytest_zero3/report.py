@@ -12,8 +12,11 @@ JSON schema (``schema: "pytest-zero3/report"``, ``version: 2``)::
                         "backend", "world_size"},
      "summary": {"pass": n, "fail": n, "known_failure": n, "unexpected_pass": n, "unsupported": n,
                  "skipped": n, "not_run": n, "total": n},
-     "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "duration",
+     "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "message", "duration",
                     "tests": [nodeid], "ranks": [{"rank", "status", "message", "traceback"}]}]}
+
+``reason`` is the expectation's reason for a known failure; ``message`` is the failure itself (fail
+and known_failure), so a report made with an expectations file still shows what failed.
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words);
 version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
@@ -80,7 +83,12 @@ class Report:
         if c is None or not (rep.when == "call" or (rep.when == "setup" and not rep.passed)):
             return
         cid, statement = c
-        reason = ""
+        reason = message = ""
+        if rep.failed and call.excinfo is not None:  # the failure itself, kept for a known failure too
+            if call.excinfo.errisinstance(WorldFailure):
+                message = first_failure(call.excinfo.value.outcomes)
+            else:
+                message = call.excinfo.exconly()[:4000]  # an assertion's detail lines are the evidence
         if call.excinfo is not None and call.excinfo.errisinstance(Unsupported):
             status, reason = Outcome.UNSUPPORTED, str(call.excinfo.value)
             rep.outcome, rep.longrepr = "skipped", (str(item.path), item.location[1] or 0, f"unsupported: {reason}")
@@ -90,11 +98,7 @@ class Report:
             status, reason = Outcome.KNOWN_FAILURE, self.expected[cid]
             rep.outcome, rep.wasxfail = "skipped", f"known failure {cid}: {reason}"
         elif rep.failed:
-            status = Outcome.FAIL
-            if call.excinfo is not None and call.excinfo.errisinstance(WorldFailure):
-                reason = first_failure(call.excinfo.value.outcomes)
-            elif call.excinfo is not None:
-                reason = (call.excinfo.exconly().splitlines() or [""])[0]
+            status, reason = Outcome.FAIL, (message.splitlines() or [""])[0]
         elif cid in self.expected:  # judged per contract at the end
             status, reason = Outcome.UNEXPECTED_PASS, f"listed in --zero3-expect: {self.expected[cid]}"
         else:
@@ -107,7 +111,7 @@ class Report:
         identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE)
         rep.zero3 = dict(id=cid, statement=statement, status=status.value, reason=reason,
-                         ranks=ranks if failed else [], identity=identity)
+                         message=message if failed else "", ranks=ranks if failed else [], identity=identity)
 
     def add(self, rep) -> None:
         """Fold one test report (from this process or an xdist worker) into its contract's row."""
@@ -121,7 +125,7 @@ class Report:
         row["duration"] += rep.duration
         row["tests"].append(rep.nodeid)
         if SEVERITY.index(status) < SEVERITY.index(Outcome(row["outcome"])) or len(row["tests"]) == 1:
-            row.update(outcome=status.value, reason=data["reason"], ranks=data["ranks"])
+            row.update(outcome=status.value, reason=data["reason"], message=data["message"], ranks=data["ranks"])
 
     def all_rows(self) -> list:
         """The rows in ID order, with a ``not_run`` row for each registered, selected contract that
@@ -197,7 +201,7 @@ class Report:
 def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: str = "") -> dict:
     known = registry.load().get(cid)
     return dict(id=cid, family=registry.family(cid), statement=statement, source=known.source if known else "",
-                outcome=outcome, reason=reason, duration=0.0, tests=[], ranks=[])
+                outcome=outcome, reason=reason, message="", duration=0.0, tests=[], ranks=[])
 
 
 def recorder(item):

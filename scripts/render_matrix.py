@@ -1,0 +1,193 @@
+"""Render the release matrix (contracts x DeepSpeed releases) from the suite's JSON reports.
+
+Used by ``scripts/release-matrix.sh``; reads ``deepspeed-X.Y.Z.json`` (the report, schema
+``pytest-zero3/report``; version 1 reports are read with version 2's outcome words) and ``deepspeed-X.Y.Z.status.json`` (torch used, exit status, or why
+the release could not run) from ``--reports``. Writes the table into the README between the
+``release-matrix`` markers and the failure messages into ``docs/release-matrix.md``, so that every
+FAIL in the table is one click from its message. Generated, never hand-edited: re-run the script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+START, END = "<!-- release-matrix:start -->", "<!-- release-matrix:end -->"
+DETAILS = "docs/release-matrix.md"
+# A known failure is a FAIL of that release (the expectations file only names its reason).
+SHOWN = {"pass": "pass", "fail": "FAIL", "known_failure": "FAIL", "unexpected_pass": "pass",
+         "unsupported": "unsupported", "skipped": "skipped", "not_run": "not run"}
+# Report schema 1 wrote these outcome words; schema 2 writes stable lowercase ones.
+V1_WORDS = {"FAIL": "fail", "known failure": "known_failure", "unexpected pass": "unexpected_pass"}
+
+
+def version_key(v):
+    return tuple(int(p) for p in re.findall(r"\d+", v))
+
+
+def load(reports, release):
+    def read(name):
+        try:
+            with open(os.path.join(reports, name)) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+    status = read(f"deepspeed-{release}.status.json") or {"error": "not run"}
+    report = None if status.get("error") else read(f"deepspeed-{release}.json")
+    if report is None and not status.get("error"):
+        status["error"] = "no report"
+    if report is not None and report.get("version", 1) == 1:
+        for c in report["contracts"]:
+            c["outcome"] = V1_WORDS.get(c["outcome"], c["outcome"])
+        report["summary"] = {V1_WORDS.get(k, k): n for k, n in report["summary"].items()}
+    return status, report
+
+
+def anchor(release, cid):
+    return f"ds-{release}-{cid}".replace(".", "-")
+
+
+def clip(text, limit=1500):
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def contract_rows(reports):
+    rows = {}
+    for report in reports.values():
+        for c in report["contracts"]:
+            rows.setdefault(c["id"], c["statement"])
+    return dict(sorted(rows.items()))
+
+
+def changes(releases, reports, cid):
+    """'0.19.3: FAIL → pass' for every release whose outcome differs from the previous one's."""
+    out, prev = [], None
+    for v in releases:
+        if v not in reports:
+            continue
+        row = next((c for c in reports[v]["contracts"] if c["id"] == cid), None)
+        shown = SHOWN.get(row["outcome"], row["outcome"]) if row else "absent"
+        if prev is not None and shown != prev:
+            out.append(f"{v}: {prev} → {shown}")
+        prev = shown
+    return out
+
+
+def render(releases, reports, statuses, link_base):
+    lines = []
+    head = ["contract"]
+    for v in releases:
+        st = statuses[v]
+        cell = f"**{v}**"
+        if st.get("torch") and st.get("torch") != st.get("default_torch"):
+            cell += f"<br>torch {st['torch']} (does not import on {st['default_torch']})"
+        if st.get("error"):
+            cell += f"<br>not run: {st['error']}"
+        head.append(cell)
+    head.append("first change (in release order)")
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for cid, statement in contract_rows(reports).items():
+        cells = [f"`{cid}` {statement}"]
+        for v in releases:
+            if v not in reports:
+                cells.append("—")
+                continue
+            row = next((c for c in reports[v]["contracts"] if c["id"] == cid), None)
+            if row is None:
+                cells.append("absent")
+                continue
+            shown = SHOWN.get(row["outcome"], row["outcome"])
+            if shown in ("FAIL", "unsupported"):
+                shown = f"[{shown}]({link_base}#{anchor(v, cid)})"
+            cells.append(shown)
+        ch = changes(releases, reports, cid)
+        cells.append(ch[0] if ch else "same in every release")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    totals = ["**pass / FAIL / unsupported**"]
+    for v in releases:
+        if v not in reports:
+            totals.append("—")
+            continue
+        s = reports[v]["summary"]
+        totals.append(f"{s['pass'] + s['unexpected_pass']} / {s['fail'] + s['known_failure']} / {s['unsupported']}")
+    totals.append("")
+    lines.append("| " + " | ".join(totals) + " |")
+    gate = ["**green with its expectations file**"]
+    for v in releases:
+        st = statuses[v]
+        if v not in reports:
+            gate.append("—")
+        else:
+            ok = str(st.get("exit")) == "0" and st.get("expectations")
+            gate.append(f"{'yes' if ok else 'NO'} ({st.get('seconds', '?')} s)")
+    gate.append("")
+    lines.append("| " + " | ".join(gate) + " |")
+    return lines
+
+
+def details(releases, reports, statuses):
+    out = ["# The release matrix: failure messages", "",
+           "Generated by `scripts/release-matrix.sh` (do not edit). For each release and contract that is",
+           "not a pass: the reason from the release's expectations file, if any, and the first failing",
+           "rank's message (or the unsupported reason).", ""]
+    for v in releases:
+        st = statuses[v]
+        out.append(f"## deepspeed {v}")
+        out.append("")
+        if v not in reports:
+            out += [f"Not run: {st.get('error')}", ""]
+            continue
+        imp = reports[v]["implementation"]
+        out += [f"deepspeed {imp.get('deepspeed')}, torch {imp.get('torch')}, {imp.get('backend')}, "
+                f"{imp.get('world_size')} ranks; expectations: `{st.get('expectations') or 'none'}`.", ""]
+        for c in reports[v]["contracts"]:
+            shown = SHOWN.get(c["outcome"], c["outcome"])
+            if shown not in ("FAIL", "unsupported"):
+                continue
+            out.append(f'<a id="{anchor(v, c["id"])}"></a>**{v} · `{c["id"]}` {shown}**: {c["statement"]}')
+            out.append("")
+            if c["outcome"] == "known_failure":
+                out += [f"Known failure: {c['reason']}", ""]
+                msg = c.get("message", "")
+            elif c["outcome"] == "unsupported":
+                msg = c.get("reason", "")
+            else:
+                msg = c.get("message") or c.get("reason", "")
+            if msg:
+                out += ["```", clip(msg), "```", ""]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("releases", nargs="+")
+    ap.add_argument("--reports", required=True)
+    ap.add_argument("--readme", required=True)
+    args = ap.parse_args(argv)
+    releases = sorted(args.releases, key=version_key)
+    statuses, reports = {}, {}
+    for v in releases:
+        statuses[v], rep = load(args.reports, v)
+        if rep is not None:
+            reports[v] = rep
+    table = render(releases, reports, statuses, DETAILS)
+    with open(args.readme) as fh:
+        readme = fh.read()
+    if START not in readme or END not in readme:
+        raise SystemExit(f"{args.readme}: add the lines {START} and {END} where the matrix goes.")
+    pre, rest = readme.split(START, 1)
+    _, post = rest.split(END, 1)
+    with open(args.readme, "w") as fh:
+        fh.write(pre + START + "\n" + "\n".join(table) + "\n" + END + post)
+    path = os.path.join(os.path.dirname(os.path.abspath(args.readme)), DETAILS)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write("\n".join(details(releases, reports, statuses)) + "\n")
+    print(f"matrix of {len(releases)} releases written to {args.readme} and {path}")
+
+
+if __name__ == "__main__":
+    main()
