@@ -31,6 +31,7 @@ must then survive the recompute's forward release:
 """
 
 import collections
+import functools
 import threading
 from contextlib import nullcontext
 from typing import Deque, Dict, Iterable, List, Optional, Set
@@ -69,6 +70,23 @@ def _on_nvme(param: Parameter) -> bool:
 
 def _swapped_out_to_nvme(param: Parameter) -> bool:
     return _on_nvme(param) and param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE
+
+
+def _no_grad(method):
+    """``torch.no_grad()`` for a hook entry point, without its per-call context-object machinery
+    (the hooks run once per module per pass, so this is on the per-hook budget)."""
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return method(*args, **kwargs)
+        torch._C._set_grad_enabled(False)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            torch._C._set_grad_enabled(True)
+
+    return run
 
 
 def warn_rank0(message: str) -> None:
@@ -233,7 +251,7 @@ class ReferenceCoordinator:
     # ------------------------------------------------------------------ fetch
 
     @compiler.lazy_disable
-    @torch.no_grad()
+    @_no_grad
     def fetch_sub_module(self, module: Module, forward: bool) -> None:
         """Make every parameter of ``module`` AVAILABLE and claim it, then prefetch along the trace."""
         is_leaf = z3_leaf_module(module)
@@ -413,7 +431,7 @@ class ReferenceCoordinator:
     # ------------------------------------------------------------------ release
 
     @compiler.lazy_disable
-    @torch.no_grad()
+    @_no_grad
     def release_sub_module(self, module: Module, forward: bool = False) -> None:
         """Drop ``module``'s claim on its params and partition those nobody needs soon."""
         if forward and module.ds_id in self._active_backward and _in_autograd_backward():
@@ -451,7 +469,7 @@ class ReferenceCoordinator:
         return self._nvme_keep_until.get(param, -1) >= self._step
 
     @compiler.lazy_disable
-    @torch.no_grad()
+    @_no_grad
     def release_backward_leftovers(self) -> None:
         """End of backward: release for every module whose post-backward hook never fired (e.g. its
         input did not require grad), including the frozen params attributed to it by a recompute."""
@@ -465,7 +483,7 @@ class ReferenceCoordinator:
                     self._release(param)
 
     @compiler.lazy_disable
-    @torch.no_grad()
+    @_no_grad
     def release_and_reset_all(self, module: Module) -> None:
         """Partition every parameter under ``module`` and drop all claims (step boundary)."""
         for param in iter_params(module, recurse=True):
