@@ -58,6 +58,10 @@ _AVAILABLE = ZeroParamStatus.AVAILABLE
 _NOT_AVAILABLE = ZeroParamStatus.NOT_AVAILABLE
 
 
+def _ds_id(param: Parameter) -> int:
+    return param.ds_id
+
+
 def _in_autograd_backward() -> bool:
     """True while the autograd engine runs a backward on this thread, i.e. a forward hook that fires
     now belongs to an activation-checkpoint recompute."""
@@ -293,11 +297,10 @@ class ReferenceCoordinator:
                     param.ds_active_sub_modules.add(recompute_owner.ds_id)
                 if param in registry:
                     self._wait(registry.pop(param), fast_fetch)
+                if param.ds_status != _AVAILABLE:
+                    raise RuntimeError(f"fetch left {param.ds_summary()} unavailable")
             if self._wait_stream:
                 get_accelerator().current_stream().wait_stream(self._allgather_stream)
-        for param in params:
-            if param.ds_status != _AVAILABLE:
-                raise RuntimeError(f"fetch left {param.ds_summary()} unavailable")
         if fast_fetch:
             AllGatherCoalescedHandle.free_buffer()
 
@@ -401,9 +404,11 @@ class ReferenceCoordinator:
         Sorted by ds_id so every rank issues its collectives in the same order. A param counts
         once toward the live budget however often it is gathered (it may have been partitioned
         outside the coordinator, by ``GatheredParameters`` say, since it was counted)."""
-        pending = sorted((p for p in params if p.ds_status == _NOT_AVAILABLE), key=lambda p: p.ds_id)
+        pending = [p for p in params if p.ds_status == _NOT_AVAILABLE]
         if not pending:
             return
+        if len(pending) > 1:
+            pending.sort(key=_ds_id)
         quantized = [p for p in pending if hasattr(p.ds_tensor, "ds_quant_scale")]
         plain = [p for p in pending if not hasattr(p.ds_tensor, "ds_quant_scale")] if quantized else pending
         stream = self._allgather_stream

@@ -48,7 +48,7 @@ def compiled_losses() -> dict:
         else:
             reference_impl.uninstall()
         torch._dynamo.reset()
-        engine = eng.build(lambda: MLP(4), zero3_config(scenario.world_size(), zero={"stage3_prefetch_bucket_size": 600}))
+        engine = eng.build(lambda: MLP(2), zero3_config(scenario.world_size(), zero={"stage3_prefetch_bucket_size": 300}))
         engine.compile(backend="eager")
         assert engine.is_compiled
         coordinator = type(eng.coordinator(engine)).__name__
