@@ -56,7 +56,10 @@ def test_family_003_unsupported_on_stock_deepspeed(run_suite):
 @pytest.mark.parametrize("bad_file, cls, flagged", [
     ("adaptive_samples_while_recording.py", "SamplesWhileRecording", "003-d"),
     ("adaptive_unclamped_start.py", "UnclampedStart", "003-c"),
-    ("adaptive_inverted_controller.py", "InvertedController", "003-f"),
+    # one decision per pass (issue 14): in 003-c's two long-wait steps the inverted controller shrinks
+    # once, so it also misses 003-c's "reaches both bounds" precondition; 003-c would need three
+    # long-wait complete passes for 003-f to stay its only failure
+    ("adaptive_inverted_controller.py", "InvertedController", {"003-c", "003-f"}),
     ("adaptive_keep_samples_across_invalidation.py", "KeepSamplesAcrossInvalidation", "003-d"),
 ])
 def test_family_003_flags_each_controller_bug(run_suite, bad_file, cls, flagged):
@@ -67,5 +70,6 @@ def test_family_003_flags_each_controller_bug(run_suite, bad_file, cls, flagged)
     outcomes = run.outcomes()
     missing = [cid for cid in FAMILY if cid not in outcomes]
     assert not missing, f"contracts {missing} did not run against {cls}: {outcomes}\n{run.stdout[-3000:]}"
-    assert run.failed_ids() == {flagged}, f"{cls}: expected exactly {flagged} to FAIL, got {outcomes}\n{run.stdout[-4000:]}"
+    flagged = flagged if isinstance(flagged, set) else {flagged}
+    assert run.failed_ids() == flagged, f"{cls}: expected exactly {flagged} to FAIL, got {outcomes}\n{run.stdout[-4000:]}"
     assert run.returncode == 1, f"{cls}: pytest exit {run.returncode}, expected 1 (contract failures)"
