@@ -15,8 +15,9 @@ each step timed as the slowest rank's forward + backward + optimizer step. Repor
   two more, untimed, steps;
 * the largest loss difference between the two (they train on the same batches from the same weights).
 
-The decisive run (quiet machine, about 15 minutes on 2 CPU cores):
-``python benchmarks/coordinator.py --steps 400 --warmup 20``; ``--steps 20`` checks it works.
+The decisive run, on a quiet machine: ``python benchmarks/coordinator.py --steps 400 --warmup 20``
+(estimated 10-15 minutes on 2 quiet CPU cores; ``--steps 40 --warmup 5`` took 3.3 minutes at load
+average 15, so about 30 minutes under that load); ``--steps 20`` checks it works.
 ``benchmarks/hook_cost.py`` measures the coordinators' per-hook cost with collectives stubbed out.
 """
 
