@@ -1,16 +1,24 @@
 """Benchmark: deepspeed's stock ZeRO-3 coordinator against reference_impl, same model and data.
 
 Run as ``python benchmarks/coordinator.py``: it starts its own 2-rank gloo world on CPU. For each
-``stage3_max_reuse_distance`` given (default: deepspeed's 1e9, then 0), each repetition trains a
-fresh engine with each coordinator in turn (the order alternates between repetitions so drift and
-warm-up effects hit both alike). Reported per coordinator:
+model (``small``: 8 x Linear(256); ``deep``: 24 transformer blocks, see ``models.py``) and each
+``stage3_max_reuse_distance`` given (default: deepspeed's 1e9), each rank builds one engine with
+stock's coordinator and one with the reference, same initial weights, and trains them step by step
+*interleaved* (stock, reference, reference, stock, ...: drift and load spikes hit both alike),
+each step timed as the slowest rank's forward + backward + optimizer step. Reported per model:
 
-* the median step time (forward + backward + optimizer step, slowest rank per step) over all
-  measured steps, and the ratio reference / stock;
+* the median step time of each, and the ratio reference / stock of the medians with a bootstrap 95%
+  interval (``--steps`` measured steps per engine; the interval is what says whether the ratio is
+  decided: it must not straddle 1 for a claim either way);
 * the peak gathered numel: the largest sum of ``ds_numel`` over AVAILABLE parameters seen at any
-  sampling point, sampled after each module's pre-forward fetch and after each module's backward
-  (before its release);
-* the largest loss difference between the two, as a check that they train identically.
+  sampling point (after each module's pre-forward fetch and after each module's backward), over
+  two more, untimed, steps;
+* the largest loss difference between the two (they train on the same batches from the same weights).
+
+The decisive run, on a quiet machine: ``python benchmarks/coordinator.py --steps 400 --warmup 20``
+(estimated 10-15 minutes on 2 quiet CPU cores; ``--steps 40 --warmup 5`` took 3.3 minutes at load
+average 15, so about 30 minutes under that load); ``--steps 20`` checks it works.
+``benchmarks/hook_cost.py`` measures the coordinators' per-hook cost with collectives stubbed out.
 """
 
 import argparse
@@ -27,7 +35,9 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import models  # noqa: E402
 from ranks import join_world, launch  # noqa: E402
+from stats import ratio_interval  # noqa: E402
 
 IMPLS = ("stock", "reference")
 
@@ -44,14 +54,6 @@ def ds_config(args, reuse_distance):
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "gradient_clipping": 0.0,
     }
-
-
-def build_model(args):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(args.layers):
-        layers += [nn.Linear(args.width, args.width), nn.GELU()]
-    return nn.Sequential(*layers, nn.Linear(args.width, 1))
 
 
 class GatheredNumelProbe:
@@ -79,84 +81,83 @@ class GatheredNumelProbe:
             handle.remove()
 
 
-def run_one(impl, args, reuse_distance, rank):
+def build_engine(impl, name, args, reuse_distance):
     import deepspeed
     from pytest_zero3 import reference_impl
-    from deepspeed import comm as dist
+    (reference_impl.install if impl == "reference" else reference_impl.uninstall)()
+    model, make_batch = models.build(name, args)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=ds_config(args, reuse_distance))
+    return engine, make_batch
 
-    if impl == "reference":
-        reference_impl.install()
-    else:
-        reference_impl.uninstall()
-    model = build_model(args)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(args, reuse_distance))
+
+def timed_step(engine, x, y):
+    from deepspeed import comm as dist
+    dist.barrier()
+    start = time.perf_counter()
+    loss = nn.functional.mse_loss(engine(x), y)
+    engine.backward(loss)
+    engine.step()
+    return time.perf_counter() - start, loss.item()
+
+
+def compare(args, name, reuse_distance, rank):
+    from deepspeed import comm as dist
+    engines = {}
+    for impl in IMPLS:
+        engines[impl], make_batch = build_engine(impl, name, args, reuse_distance)
     generator = torch.Generator().manual_seed(1234 + rank)
-    batches = [(torch.randn(args.batch, args.width, generator=generator), torch.randn(args.batch, 1, generator=generator))
-               for _ in range(args.warmup + args.steps)]
-    probe = None
-    times, losses = [], []
-    for i, (x, y) in enumerate(batches):
-        if i == args.warmup:
-            probe = GatheredNumelProbe(model)
-        dist.barrier()
-        start = time.perf_counter()
-        loss = nn.functional.mse_loss(engine(x), y)
-        engine.backward(loss)
-        engine.step()
-        elapsed = time.perf_counter() - start
-        if i >= args.warmup:
-            times.append(elapsed)
-            losses.append(loss.item())
-    probe.remove()
-    engine.destroy()
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.tolist(), probe.peak, losses
+    times = {impl: [] for impl in IMPLS}
+    losses = {impl: [] for impl in IMPLS}
+    for i in range(args.warmup + args.steps):
+        x, y = make_batch(generator)
+        for impl in (IMPLS if i % 2 == 0 else IMPLS[::-1]):
+            elapsed, loss = timed_step(engines[impl], x, y)
+            if i >= args.warmup:
+                times[impl].append(elapsed)
+                losses[impl].append(loss)
+    probes = {}
+    for impl in IMPLS:  # peak gathered numel: two more steps each, untimed (the probe is not free)
+        probes[impl] = GatheredNumelProbe(engines[impl].module)
+        for _ in range(2):
+            timed_step(engines[impl], *make_batch(generator))
+        probes[impl].remove()
+    slowest = {}
+    for impl in IMPLS:
+        engines[impl].destroy()
+        per_step = torch.tensor(times[impl], dtype=torch.float64)
+        dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+        slowest[impl] = per_step.tolist()
+    if rank == 0:
+        low, ratio, high = ratio_interval(slowest["reference"], slowest["stock"])
+        loss_diff = max(abs(a - b) for a, b in zip(losses["stock"], losses["reference"]))
+        print(f"{name}, stage3_max_reuse_distance {reuse_distance}:")
+        for impl in IMPLS:
+            print(f"  {impl:>9}: median step {statistics.median(slowest[impl]) * 1e3:8.2f} ms   "
+                  f"peak gathered numel {probes[impl].peak:>10,}")
+        print(f"  ratio reference/stock (median step time): {ratio:.3f}  95% interval [{low:.3f}, {high:.3f}]   "
+              f"max |loss difference|: {loss_diff:.3g}", flush=True)
 
 
 def worker(rank, args, store):
     join_world(rank, args.world, store)
-
     if rank == 0:
-        print(f"model: {args.layers} x Linear({args.width},{args.width}), batch {args.batch}/rank, {args.world} ranks, "
-              f"prefetch bucket {args.prefetch_bucket}; {args.reps} alternating repetitions x {args.steps} "
-              f"measured steps ({args.warmup} warm-up)")
-    for reuse_distance in args.reuse_distances:
-        compare(args, reuse_distance, rank)
-
-
-def compare(args, reuse_distance, rank):
-    times = {impl: [] for impl in IMPLS}
-    peaks = {impl: 0 for impl in IMPLS}
-    losses = {impl: [] for impl in IMPLS}
-    for rep in range(args.reps):
-        for impl in (IMPLS if rep % 2 == 0 else IMPLS[::-1]):
-            step_times, peak, rep_losses = run_one(impl, args, reuse_distance, rank)
-            times[impl] += step_times
-            peaks[impl] = max(peaks[impl], peak)
-            losses[impl] = rep_losses
-    if rank == 0:
-        medians = {impl: statistics.median(times[impl]) for impl in IMPLS}
-        loss_diff = max(abs(a - b) for a, b in zip(losses["stock"], losses["reference"]))
-        print(f"stage3_max_reuse_distance {reuse_distance}:")
-        for impl in IMPLS:
-            print(f"  {impl:>9}: median step {medians[impl] * 1e3:8.2f} ms   peak gathered numel {peaks[impl]:>10,}")
-        print(f"  ratio reference/stock (median step time): {medians['reference'] / medians['stock']:.3f}   "
-              f"max |loss difference|: {loss_diff:.3g}")
+        print(f"{args.world} ranks, batch {args.batch}/rank, prefetch bucket {args.prefetch_bucket}; "
+              f"{args.steps} measured steps per engine ({args.warmup} warm-up), interleaved", flush=True)
+    for name in args.models:
+        for reuse_distance in args.reuse_distances:
+            compare(args, name, reuse_distance, rank)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    models.add_arguments(parser)
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=4)
-    parser.add_argument("--reuse-distances", type=int, nargs="+", default=[int(1e9), 0])
-    parser.add_argument("--prefetch-bucket", type=int, default=2 * 256 * 257,
-                        help="stage3_prefetch_bucket_size (default: about two layers)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--reuse-distances", type=int, nargs="+", default=[int(1e9)])
+    parser.add_argument("--prefetch-bucket", type=int, default=int(5e7), help="stage3_prefetch_bucket_size "
+                        "(default: deepspeed's)")
     args = parser.parse_args()
     launch(worker, args)
 

@@ -29,7 +29,17 @@ def test_distance_zero_releases_with_prefetch(zero3_world, bucket):
     keeps them, every layer stays gathered until backward and forward memory grows with depth.  Only
     already-run layers are judged: a 1e9 bucket legitimately gathers all upcoming layers at once.
     The bound is the running layer's numel, not 0, so that a prefetcher may gather an already-run
-    layer again ahead of its (near) backward use; accumulation across layers still exceeds it."""
+    layer again ahead of its (near) backward use; accumulation across layers still exceeds it.
+
+    Fork maintainers will meet the other side of this rule in DeepSpeed's own unit tests:
+    ``tests/unit/v1/zero/test_zero.py::TestZero3ParamPartitioningBase::test_prefetching[True]``
+    asserts that at ``stage3_max_reuse_distance: 0`` with prefetch on each layer's params are still
+    AVAILABLE right after its forward: the very retention PR 9003 removes (the PR's testing did not
+    run that file).  A coordinator that passes this contract fails that test, and is right by the
+    seed and by the key's documented meaning.  The test should assert instead that, at distance 0,
+    the params of a layer whose forward has completed are NOT_AVAILABLE (or at most the running
+    layer's are gathered, as here), and keep its AVAILABLE check for a distance that covers the
+    backward reuse (the default 1e9, contract 000-b)."""
     results = zero3_world.run(f.forward_residency, 6, 0, bucket)
 
     def check(rank, r):

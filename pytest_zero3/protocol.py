@@ -13,7 +13,10 @@ Constructor keywords (all passed by name)::
     fast_sharding_for_leaf_module, log_trace_cache_warnings
 
 Implementations of the adaptive prefetch bucket (contract family 003) also accept
-``adaptive_prefetch, adaptive_prefetch_min_sz, adaptive_prefetch_max_sz, dp_process_group``.
+``adaptive_prefetch, adaptive_prefetch_min_sz, adaptive_prefetch_max_sz, dp_process_group``:
+under ``--zero3-impl=module:Class`` any class whose constructor names all four (or takes
+``**kwargs``) gets them from the ``stage3_adaptive_prefetch_*`` config keys; any other class is
+built with the keywords above only (a rank-0 warning says so when adaptation is on).
 """
 
 #: Methods DeepSpeed's hooks and optimizer call, with what each call means.

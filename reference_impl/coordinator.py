@@ -31,6 +31,7 @@ must then survive the recompute's forward release:
 """
 
 import collections
+import functools
 import threading
 from contextlib import nullcontext
 from typing import Deque, Dict, Iterable, List, Optional, Set
@@ -38,7 +39,10 @@ from typing import Deque, Dict, Iterable, List, Optional, Set
 import torch
 from torch.nn import Module, Parameter
 
+import deepspeed.runtime.compiler as compiler
+from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.compiler import is_compiling
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 from deepspeed.runtime.zero.partition_parameters import (DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR,
@@ -47,10 +51,16 @@ from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRe
 from deepspeed.utils import logger, z3_leaf_module
 
 from .adaptive import AdaptivePrefetchBucket
-from .trace import Trace, module_params
+from .trace import Trace, module_param_set, module_params
 
 DEFAULT_ADAPTIVE_MAX = int(1e9)
 MAX_ONGOING_FETCH_EVENTS = 2  # bound on queued all-gathers where the device has no back-pressure
+_AVAILABLE = ZeroParamStatus.AVAILABLE
+_NOT_AVAILABLE = ZeroParamStatus.NOT_AVAILABLE
+
+
+def _ds_id(param: Parameter) -> int:
+    return param.ds_id
 
 
 def held_by_gathered_parameters(param: Parameter) -> bool:
@@ -74,16 +84,53 @@ def _swapped_out_to_nvme(param: Parameter) -> bool:
     return _on_nvme(param) and param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE
 
 
+def _no_grad(method):
+    """``torch.no_grad()`` for a hook entry point, without its per-call context-object machinery
+    (the hooks run once per module per pass, so this is on the per-hook budget)."""
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return method(*args, **kwargs)
+        torch._C._set_grad_enabled(False)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            torch._C._set_grad_enabled(True)
+
+    return run
+
+
+def warn_rank0(message: str) -> None:
+    """A warning printed once per job, not once per rank."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        logger.warning(message)
+
+
 class ReferenceCoordinator:
     """Drop-in for deepspeed's ``PartitionedParameterCoordinator`` (see the module docstring).
 
-    Takes the keywords ``DeepSpeedZeRoOffload`` passes (``timers`` is accepted and unused; unknown
-    future keywords are ignored) plus the adaptive-prefetch ones that :func:`pytest_zero3.reference_impl.install`
-    adds from the ``stage3_adaptive_prefetch_*`` config keys.
+    Takes exactly the keywords ``DeepSpeedZeRoOffload`` passes in deepspeed 0.19.8 (``timers`` is
+    accepted and unused) plus the adaptive-prefetch ones that :func:`pytest_zero3.reference_impl.install` adds
+    from the ``stage3_adaptive_prefetch_*`` config keys; any other keyword is a ``TypeError`` that
+    names it, so a deepspeed that passes something new is noticed rather than silently ignored.
 
     Trace modes: *invalid* (nothing known; the next pass records), *record* (this pass appends every
     fetched module), *complete* (a rank-agreed trace drives prefetch and release). A module that
-    differs from the trace at its step invalidates it; the following pass records a new one.
+    differs from the trace at its step invalidates it; the following pass records a new one. A
+    module that is the traced one but whose parameters differ from the recorded ones is a
+    "tracing error" (as in stock): prefetch would have gathered the wrong parameters.
+
+    The entry points DeepSpeed's hooks call are excluded from torch.compile (as stock's are):
+    ``engine.compile()`` runs them eagerly, never traces into them.
+
+    Known difference from stock that DeepSpeed's own unit tests see: with
+    ``stage3_max_reuse_distance: 0`` and prefetch on, each layer's params are released right after
+    its forward (PR 9003), so ``tests/unit/v1/zero/test_zero.py::TestZero3ParamPartitioningBase::
+    test_prefetching[True]``, which asserts they are still AVAILABLE then, fails. The reference is
+    right by the documented meaning of the key; that test should assert the params are
+    NOT_AVAILABLE after each layer's forward at distance 0 (AVAILABLE only with a distance that
+    covers their backward reuse).
     """
 
     def __init__(self,
@@ -98,11 +145,11 @@ class ReferenceCoordinator:
                  zero_quantized_nontrainable_weights: bool = False,
                  fast_sharding_for_leaf_module: bool = False,
                  log_trace_cache_warnings: bool = False,
+                 *,
                  adaptive_prefetch: bool = False,
                  adaptive_prefetch_min_sz: int = 0,
                  adaptive_prefetch_max_sz: int = DEFAULT_ADAPTIVE_MAX,
-                 dp_process_group=None,
-                 **ignored) -> None:
+                 dp_process_group=None) -> None:
         self.hierarchy = 0  # written by stage3.step(); kept for protocol compatibility
         self.zero_quantized_weights = zero_quantized_weights
         self.zero_quantized_nontrainable_weights = zero_quantized_nontrainable_weights
@@ -114,7 +161,11 @@ class ReferenceCoordinator:
         self._static_bucket = int(prefetch_bucket_sz)
         self._prefetch_nvme = prefetch_nvme
         self._log_trace_warnings = log_trace_cache_warnings
-        # the adaptive controller, when enabled; tests may set its ``clock`` and ``delay``
+        accelerator = get_accelerator()
+        # constant for the life of the coordinator: read once, not per hook
+        self._wait_stream = not accelerator.resolves_data_dependency()
+        self._record_fetch_events = not accelerator.handles_memory_backpressure()
+        # the adaptive controller, when enabled; tests may set its ``clock``, ``delay`` and ``interval``
         self.adaptive: Optional[AdaptivePrefetchBucket] = None
         if adaptive_prefetch:
             self.adaptive = AdaptivePrefetchBucket(prefetch_bucket_sz,
@@ -166,20 +217,30 @@ class ReferenceCoordinator:
         self._drain_inflight()
 
     def trace_prologue(self, module: Module) -> None:
-        if self.is_complete_trace() and not self._trace.matches(self._step, module):
+        if is_compiling():
+            return
+        if self._mode == "complete" and not self._trace.matches(self._step, module):
             expected = (self._trace.modules[self._step].ds_id if self._step < len(self._trace.modules) else "end")
             message = (f"ZeRO-3 trace invalidated at step {self._step}: expected module {expected}, "
                        f"got {module.ds_id}")
-            (logger.warning if self._log_trace_warnings else logger.debug)(message)
+            if self._log_trace_warnings:
+                warn_rank0(message)
+            else:
+                logger.debug(message)
             self._invalidate_trace()
 
     def record_module(self, module: Module) -> None:
+        if is_compiling():
+            return
         if not self.is_record_trace():
             raise RuntimeError(f"record_module called while the trace is {self._mode}")
         self._recording.append(module)
 
+    @compiler.lazy_disable
     def reset_step(self) -> None:
         """Start of a forward pass (root pre-forward hook): close the previous pass."""
+        if is_compiling():
+            return
         self._drain_inflight()
         if self._mode == "record":
             Trace.check_same_on_all_ranks(self._recording)
@@ -190,16 +251,19 @@ class ReferenceCoordinator:
                 self.adaptive.reset()
         elif self._mode == "invalid":
             self._mode = "record"
+        if self.adaptive is not None:
+            self.adaptive.start_pass(len(self._trace.modules) if self._mode == "complete" else None)
         self._step = 0
         self._cursor = 0
         self._nvme_keep_until.clear()
         self._leaf_fetches.clear()
-        for param in [p for p in self._live if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]:
-            self._forget_live(param)
+        for param in [p for p in self._live if p.ds_status == _NOT_AVAILABLE]:
+            self._forget_live(param)  # partitioned outside the coordinator since it gathered them
 
     # ------------------------------------------------------------------ fetch
 
-    @torch.no_grad()
+    @compiler.lazy_disable
+    @_no_grad
     def fetch_sub_module(self, module: Module, forward: bool) -> None:
         """Make every parameter of ``module`` AVAILABLE and claim it, then prefetch along the trace."""
         is_leaf = z3_leaf_module(module)
@@ -223,36 +287,46 @@ class ReferenceCoordinator:
                     done.set()
 
     def _fetch(self, module: Module, forward: bool, is_leaf: bool) -> None:
-        params = set(module_params(module))
+        params = module_param_set(module, is_leaf)
+        complete = self._mode == "complete"
+        if complete and params != self._trace.step_params[self._step]:
+            self._tracing_error(module, params)
         self._all_gather(params)
 
         fast_fetch = self.fast_sharding_for_leaf_module and is_leaf
         recompute_owner = self._recompute_owner(forward)
-        sampling = self.adaptive is not None and self.is_complete_trace()
+        sampling = complete and self.adaptive is not None
         with self.adaptive.measure_wait() if sampling else nullcontext():
+            registry = self._registry
             for param in params:
                 param.ds_active_sub_modules.add(module.ds_id)
                 if recompute_owner is not None and not param.requires_grad:
                     recompute_owner.ds_recompute_parameters.add(param)
                     param.ds_active_sub_modules.add(recompute_owner.ds_id)
-                handle = self._registry.pop(param, None)
-                if handle is not None:
-                    self._wait(handle, fast_fetch)
-            accelerator = get_accelerator()
-            if not accelerator.resolves_data_dependency():
-                accelerator.current_stream().wait_stream(self._allgather_stream)
-        for param in params:
-            if param.ds_status != ZeroParamStatus.AVAILABLE:
-                raise RuntimeError(f"fetch left {param.ds_summary()} unavailable")
+                if param in registry:
+                    self._wait(registry.pop(param), fast_fetch)
+                if param.ds_status != _AVAILABLE:
+                    raise RuntimeError(f"fetch left {param.ds_summary()} unavailable")
+            if self._wait_stream:
+                get_accelerator().current_stream().wait_stream(self._allgather_stream)
         if fast_fetch:
             AllGatherCoalescedHandle.free_buffer()
 
-        if self.is_complete_trace():
+        if complete:
             if sampling:
                 self.adaptive.fetch_done()
             self._consume_current_step()
             self._prefetch()
         self._step += 1
+
+    def _tracing_error(self, module: Module, params: Set[Parameter]) -> None:
+        recorded = self._trace.step_params[self._step]
+        raise RuntimeError(
+            f"tracing error at step {self._step}: module {module.ds_id} ({type(module).__name__}, training="
+            f"{module.training}) is the traced one but fetches different parameters than when the trace was "
+            f"recorded; new: {sorted(p.ds_id for p in params - recorded)}, gone: "
+            f"{sorted(p.ds_id for p in recorded - params)}. Parameters must not be added to or removed from a "
+            "module between passes without invalidating the trace (coordinator._invalidate_trace()).")
 
     def _recompute_owner(self, forward: bool) -> Optional[Module]:
         """During a checkpoint recompute, the backward module the recomputed frozen params belong to."""
@@ -261,113 +335,144 @@ class ReferenceCoordinator:
         return None
 
     def _wait(self, handle, fast_fetch: bool) -> None:
-        accelerator = get_accelerator()
-        with accelerator.stream(self._allgather_stream):
-            while self._fetch_events and self._fetch_events[0].query():
-                self._fetch_events.popleft()
-            if len(self._fetch_events) > MAX_ONGOING_FETCH_EVENTS:
-                self._fetch_events.popleft().synchronize()
+        stream = self._allgather_stream
+        with get_accelerator().stream(stream) if stream is not None else nullcontext():
+            events = self._fetch_events
+            while events and events[0].query():
+                events.popleft()
+            if len(events) > MAX_ONGOING_FETCH_EVENTS:
+                events.popleft().synchronize()  # stock's memory back-pressure, GPU only
             handle.wait(handle_dependency=not fast_fetch)
-            if not accelerator.handles_memory_backpressure() and not fast_fetch:
-                event = accelerator.Event()
+            if self._record_fetch_events and not fast_fetch:
+                event = get_accelerator().Event()
                 event.record()
-                self._fetch_events.append(event)
+                events.append(event)
 
     def _consume_current_step(self) -> None:
         """Move the prefetch cursor past this step's own uses: they are being served right now."""
-        uses = self._trace.param_uses
-        while self._cursor < len(uses) and uses[self._cursor].step <= self._step:
-            self._cursor += 1
+        end = self._trace.cursor_after[self._step]
+        if self._cursor < end:
+            self._cursor = end
 
     def _prefetch(self) -> None:
         """Issue all-gathers for upcoming uses, in trace order, within the bucket and live budget."""
         budget = min(self.prefetch_bucket_size, self._max_live_numel - self._live_numel)
-        uses = self._trace.param_uses
-        batch: Set[Parameter] = set()
+        trace = self._trace
+        params, numels = trace.use_params, trace.use_numel
+        end = len(params)
+        cursor = self._cursor
+        nvme = trace.on_nvme
+        batch: Dict[Parameter, None] = {}
         numel = 0
-        while self._cursor < len(uses) and numel < budget:
-            use = uses[self._cursor]
-            param = use.param
-            if _swapped_out_to_nvme(param):
+        while cursor < end and numel < budget:
+            param = params[cursor]
+            if nvme and _swapped_out_to_nvme(param):
                 break  # its partition must be swapped in first; keep the trace order
-            if param.ds_status == ZeroParamStatus.NOT_AVAILABLE and param not in batch:
-                batch.add(param)
-                numel += param.ds_numel
-            elif _on_nvme(param):  # resident or already coming: keep it for this use (PR 9003)
-                self._nvme_keep_until[param] = max(use.step, self._nvme_keep_until.get(param, -1))
-            self._cursor += 1
-        self._all_gather(batch)
+            if param.ds_status == _NOT_AVAILABLE:
+                if param not in batch:
+                    batch[param] = None
+                    numel += numels[cursor]
+            elif nvme and _on_nvme(param):  # resident or already coming: keep it for this use (PR 9003)
+                step = trace.use_steps[cursor]
+                self._nvme_keep_until[param] = max(step, self._nvme_keep_until.get(param, -1))
+            cursor += 1
+        self._cursor = cursor
+        if batch:
+            self._all_gather(batch)
         if self._prefetch_nvme:
             self._swap_in_upcoming()
 
     def _swap_in_upcoming(self) -> None:
-        """Start NVMe reads for partitions needed after the params already in flight."""
+        """Start NVMe reads for partitions needed after the params already in flight.
+
+        Walks the trace's uses from the cursor by index and stops at the first bound (twice the
+        in-flight numel, or the free swap buffers): its cost is what it looks at, never a copy of
+        the rest of the trace."""
+        trace = self._trace
+        params, numels = trace.use_params, trace.use_numel
         inflight_numel = sum(p.ds_numel for p in self._registry)
         considered = 0
         swap_in: Dict[Parameter, None] = {}  # ordered, and membership by identity
-        for use in self._trace.param_uses[self._cursor:]:
-            param = use.param
+        for index in range(self._cursor, len(params)):
+            param = params[index]
             if param.nvme_swapper is None:
                 continue
             if considered > 2 * inflight_numel or len(swap_in) >= param.nvme_swapper.available_swap_in_buffers():
                 break
             if param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE:
                 swap_in[param] = None
-            considered += param.ds_numel
+            considered += numels[index]
         if swap_in:
-            params = list(swap_in)
-            params[0].nvme_swapper.swap_in(params, async_op=True)
+            batch = list(swap_in)
+            batch[0].nvme_swapper.swap_in(batch, async_op=True)
 
     def _all_gather(self, params: Iterable[Parameter]) -> None:
         """Issue coalesced all-gathers for the NOT_AVAILABLE ones and register their handles.
 
-        Sorted by ds_id so every rank issues its collectives in the same order."""
-        pending = sorted((p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE), key=lambda p: p.ds_id)
+        Sorted by ds_id so every rank issues its collectives in the same order. A param counts
+        once toward the live budget however often it is gathered (it may have been partitioned
+        outside the coordinator, by ``GatheredParameters`` say, since it was counted)."""
+        pending = [p for p in params if p.ds_status == _NOT_AVAILABLE]
         if not pending:
             return
+        if len(pending) > 1:
+            pending.sort(key=_ds_id)
         quantized = [p for p in pending if hasattr(p.ds_tensor, "ds_quant_scale")]
-        plain = [p for p in pending if not hasattr(p.ds_tensor, "ds_quant_scale")]
+        plain = [p for p in pending if not hasattr(p.ds_tensor, "ds_quant_scale")] if quantized else pending
+        stream = self._allgather_stream
+        live = self._live
         for group, quantize in ((quantized, True), (plain, self.zero_quantized_weights)):
+            if not group:
+                continue
             # params with a valid hpZ secondary shard gather differently from those without
-            for same_kind in ([p for p in group if p.ds_secondary_tensor is not None],
-                              [p for p in group if p.ds_secondary_tensor is None]):
+            secondary = [p for p in group if p.ds_secondary_tensor is not None]
+            kinds = (secondary, [p for p in group if p.ds_secondary_tensor is None]) if secondary else (group, )
+            for same_kind in kinds:
                 if not same_kind:
                     continue
-                with get_accelerator().stream(self._allgather_stream):
+                with get_accelerator().stream(stream) if stream is not None else nullcontext():
                     handle = same_kind[0].all_gather_coalesced(same_kind, quantize=quantize)
                 for param in same_kind:
                     self._registry[param] = handle
-                    self._live[param] = None
-                    self._live_numel += param.ds_numel
+                    if param not in live:
+                        live[param] = None
+                        self._live_numel += param.ds_numel
         persisted_on_nvme = [p for p in pending if p.ds_persist and _on_nvme(p)]
         if persisted_on_nvme:  # never partitioned again, so their swap buffers can go now
             persisted_on_nvme[0].nvme_swapper.remove_partition_and_release_buffers(persisted_on_nvme)
 
     # ------------------------------------------------------------------ release
 
-    @torch.no_grad()
+    @compiler.lazy_disable
+    @_no_grad
     def release_sub_module(self, module: Module, forward: bool = False) -> None:
         """Drop ``module``'s claim on its params and partition those nobody needs soon."""
         if forward and module.ds_id in self._active_backward and _in_autograd_backward():
             return  # recompute of a module whose backward is running: that backward still holds them
-        own = set(module_params(module))
-        if self.is_complete_trace():
+        if self._mode == "complete":
+            own = self._trace.params_of.get(module.ds_id)
+            if own is None:  # not in this trace (fetched outside it): read the module
+                own = module_param_set(module, z3_leaf_module(module))
             release_ids = self._trace.params_to_release(module, self._step, self._max_reuse_distance)
         else:
+            own = module_param_set(module, z3_leaf_module(module))
             release_ids = frozenset(p.ds_id for p in own if not p.ds_persist)
         if not forward:
             recomputed = module.ds_recompute_parameters
-            release_ids = release_ids | {p.ds_id for p in recomputed if not p.ds_persist}
-            own |= recomputed
-            recomputed.clear()
+            if recomputed:
+                release_ids = release_ids | {p.ds_id for p in recomputed if not p.ds_persist}
+                own = set(own) | recomputed
+                recomputed.clear()
             self._active_backward.pop(module.ds_id, None)
 
         free_data = not (self.fast_sharding_for_leaf_module and z3_leaf_module(module))
         if not free_data:  # an empty buffer the kept .data can point to once compute is done
             empty = torch.empty(1, device=torch.device(get_accelerator().current_device_name()))
+        keeps = self._nvme_keep_until
+        ds_id = module.ds_id
         for param in own:
-            param.ds_active_sub_modules.discard(module.ds_id)
-            if param.ds_id not in release_ids or param.is_external_param or self._nvme_keeps(param):
+            param.ds_active_sub_modules.discard(ds_id)
+            if param.ds_id not in release_ids or param.is_external_param or (keeps and self._nvme_keeps(param)):
                 continue
             self._release(param, free_data)
             if not free_data:
@@ -376,7 +481,8 @@ class ReferenceCoordinator:
     def _nvme_keeps(self, param: Parameter) -> bool:
         return self._nvme_keep_until.get(param, -1) >= self._step
 
-    @torch.no_grad()
+    @compiler.lazy_disable
+    @_no_grad
     def release_backward_leftovers(self) -> None:
         """End of backward: release for every module whose post-backward hook never fired (e.g. its
         input did not require grad), including the frozen params attributed to it by a recompute."""
@@ -389,7 +495,8 @@ class ReferenceCoordinator:
                 if not param.ds_persist and not param.is_external_param:
                     self._release(param)
 
-    @torch.no_grad()
+    @compiler.lazy_disable
+    @_no_grad
     def release_and_reset_all(self, module: Module) -> None:
         """Partition every parameter under ``module`` and drop all claims (step boundary)."""
         for param in iter_params(module, recurse=True):
@@ -404,11 +511,11 @@ class ReferenceCoordinator:
                 sub.ds_recompute_parameters.clear()
         self._active_backward.clear()
         for param in iter_params(module, recurse=True):
-            if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and not held_by_gathered_parameters(param):
+            if param.ds_status != _NOT_AVAILABLE and not held_by_gathered_parameters(param):
                 raise RuntimeError(f"{param.ds_summary()} expected to be released")
 
     def _release(self, param: Parameter, free_data: bool = True) -> None:
-        if param.ds_status == ZeroParamStatus.AVAILABLE and not param.ds_active_sub_modules:
+        if param.ds_status == _AVAILABLE and not param.ds_active_sub_modules:
             param.partition(free_data=free_data)
             self._forget_live(param)
 

@@ -6,7 +6,9 @@
   when it builds its coordinator (it imported the class by name, so patching the defining module
   would change nothing);
 * ``DeepSpeedZeRoOffload.__init__``: reads the adaptive-prefetch keys from the ds_config it is given
-  and passes them, with its data-parallel group, to the coordinator constructor;
+  and passes them, with its data-parallel group, to the coordinator constructor, whatever the class,
+  when its constructor takes them (by name or ``**kwargs``; see ``pytest_zero3/protocol.py``); a
+  class that does not gets the stock keywords only, with a rank-0 warning when adaptation is on;
 * ``parameter_offload.FWD_MODULE_STACK``: the global stack of running modules held every root module
   ever registered, so an engine's model (and through its hook closures the offload and coordinator)
   outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
@@ -37,7 +39,7 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
-from .coordinator import ReferenceCoordinator, held_by_gathered_parameters
+from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
 
 _saved = {}  # original objects while installed; empty when not installed
 
@@ -99,16 +101,34 @@ class WeakModuleStack(MutableSequence):
         self._entries = [e for e in self._entries if e[0]() is not None and not e[1]]
 
 
+ADAPTIVE_KEYWORDS = ("adaptive_prefetch", "adaptive_prefetch_min_sz", "adaptive_prefetch_max_sz", "dp_process_group")
+
+
+def accepts_adaptive_keywords(factory) -> bool:
+    """Whether a coordinator class takes the adaptive-prefetch keywords (by name, or ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return True
+    return all(name in parameters for name in ADAPTIVE_KEYWORDS)
+
+
 def _offload_init(original):
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         factory = parameter_offload.PartitionedParameterCoordinator
-        if not (isinstance(factory, type) and issubclass(factory, ReferenceCoordinator)):
-            return original(self, *args, **kwargs)  # someone else's coordinator is in place
         arguments = signature.bind(self, *args, **kwargs).arguments
         extra = adaptive_coordinator_kwargs(arguments.get("ds_config"))
+        if not accepts_adaptive_keywords(factory):
+            if extra["adaptive_prefetch"]:
+                warn_rank0(f"stage3_adaptive_prefetch_bucket_size is on, but {getattr(factory, '__name__', factory)} "
+                           "does not take the adaptive_prefetch* keywords (pytest_zero3/protocol.py): the prefetch "
+                           "bucket stays static")
+            return original(self, *args, **kwargs)
         extra["dp_process_group"] = arguments.get("dp_process_group")
         parameter_offload.PartitionedParameterCoordinator = functools.partial(factory, **extra)
         try:

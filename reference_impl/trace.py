@@ -11,7 +11,7 @@ for exactly the lifetime of one trace and dropped with it.
 """
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
 
 from torch.nn import Module, Parameter
 
@@ -26,6 +26,18 @@ def module_params(module: Module) -> List[Parameter]:
     return list(iter_params(module, recurse=z3_leaf_module(module)))
 
 
+def module_param_set(module: Module, is_leaf: bool) -> Set[Parameter]:
+    """``set(module_params(module))`` without ``named_parameters``' generator machinery: read on
+    every fetch, so it is kept to two dict walks for a non-leaf module."""
+    if is_leaf:
+        return set(iter_params(module, recurse=True))
+    params = {p for p in module._parameters.values() if p is not None}
+    external = getattr(module, "_external_params", None)
+    if external:
+        params.update(external.values())
+    return params
+
+
 @dataclass(frozen=True)
 class ParamUse:
     """One use of a parameter by the module run at ``step`` of the trace."""
@@ -34,15 +46,34 @@ class ParamUse:
 
 
 class Trace:
-    """A complete, rank-agreed order of module invocations and the parameter uses it implies."""
+    """A complete, rank-agreed order of module invocations and the parameter uses it implies.
+
+    What the hooks need per step is computed here once, so a hook does lookups, not scans:
+    ``step_params[s]`` (the frozenset of params the module at step ``s`` fetches, checked against
+    the module's live params at each fetch: stock's "tracing error"), ``params_of[ds_id]``
+    (what a module's release walks), ``cursor_after[s]`` (index in :attr:`param_uses` past step
+    ``s``'s own uses), and the flat ``use_params`` / ``use_steps`` / ``use_numel`` of the uses.
+    """
 
     def __init__(self, modules: Sequence[Module]):
         self.modules: Tuple[Module, ...] = tuple(modules)
         uses = []
+        step_params = []
+        cursor_after = []
+        self.params_of: Dict[int, Tuple[Parameter, ...]] = {}
         for step, module in enumerate(self.modules):
-            for param in sorted(set(module_params(module)), key=lambda p: p.ds_id):
-                uses.append(ParamUse(param, step))
+            params = sorted(set(module_params(module)), key=lambda p: p.ds_id)
+            self.params_of[module.ds_id] = tuple(params)
+            step_params.append(frozenset(params))
+            uses.extend(ParamUse(param, step) for param in params)
+            cursor_after.append(len(uses))
         self.param_uses: Tuple[ParamUse, ...] = tuple(uses)
+        self.step_params: Tuple[FrozenSet[Parameter], ...] = tuple(step_params)
+        self.cursor_after: Tuple[int, ...] = tuple(cursor_after)
+        self.use_params: Tuple[Parameter, ...] = tuple(u.param for u in uses)
+        self.use_steps: Tuple[int, ...] = tuple(u.step for u in uses)
+        self.use_numel: Tuple[int, ...] = tuple(u.param.ds_numel for u in uses)
+        self.on_nvme = any(getattr(p, "nvme_swapper", None) is not None for p in self.use_params)
         self._release_cache: Dict[Tuple[int, int], FrozenSet[int]] = {}
 
     @staticmethod

@@ -76,8 +76,10 @@ CASES = (
          frozenset({"003-d"}), "003"),
     Case("adaptive_keep_samples_across_invalidation.py:KeepSamplesAcrossInvalidation",
          "samples kept across a trace invalidation", frozenset({"003-d"}), "003"),
+    # With one decision per pass the inverted controller cannot reach 003-c's lower bound within that
+    # scenario's two wait steps either.
     Case("adaptive_inverted_controller.py:InvertedController", "grows without waits, shrinks with long ones",
-         frozenset({"003-f"}), "003"),
+         frozenset({"003-f"}), "003", may_fail=frozenset({"003-c"})),
     # family base: bookkeeping bugs change no number, so every parity contract must still pass
     Case("never_rerecord.py:NeverRerecord", "never re-records after the trace is invalidated",
          frozenset({"base-g"}), "base"),
