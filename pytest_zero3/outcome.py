@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 PASSED = "passed"
 RAISED = "raised"
 SKIPPED = "skipped"
+XFAILED = "xfailed"  # pytest.xfail() in the scenario
 UNSUPPORTED = "unsupported"
 HUNG = "hung"
 DIED = "died"

@@ -22,6 +22,10 @@ PRELOAD_ENV = "PYTEST_ZERO3_PRELOAD"
 SYS_PATH_ENV = "PYTEST_ZERO3_SYS_PATH"
 #: File the forkserver writes its Python stack to on SIGUSR1 (read when it does not become ready).
 STACK_ENV = "PYTEST_ZERO3_FORKSERVER_STACK"
+#: Seconds the forkserver may take to become ready (its preload imports torch and deepspeed, and may
+#: build DeepSpeed's CPU comm op): a budget of its own, never taken from a scenario's timeout.
+STARTUP_TIMEOUT_ENV = "PYTEST_ZERO3_STARTUP_TIMEOUT"
+DEFAULT_STARTUP_TIMEOUT = 600.0
 
 
 class ForkserverStuck(Exception):
@@ -41,6 +45,15 @@ def context(extra_preload: List[str]):
         ctx.set_forkserver_preload(["pytest_zero3.preload"])
         _context = ctx
     return _context
+
+
+def startup_timeout() -> float:
+    """The forkserver's start-up budget: ``$PYTEST_ZERO3_STARTUP_TIMEOUT`` seconds, default 600."""
+    value = os.environ.get(STARTUP_TIMEOUT_ENV, "")
+    try:
+        return float(value) if value else DEFAULT_STARTUP_TIMEOUT
+    except ValueError:
+        raise ForkserverStuck(f"{STARTUP_TIMEOUT_ENV}={value!r} is not a number of seconds") from None
 
 
 def start_all(ctx, target, args_list, timeout: float) -> list:
@@ -71,7 +84,8 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
         starter.join(10)
         for proc in procs:
             kill(proc)
-        why = f"did not become ready within {timeout:g} s" if stuck else f"failed: {errors[0]!r}"
+        why = (f"did not become ready within {timeout:g} s (its start-up budget, separate from the scenario "
+               f"timeout: raise it with {STARTUP_TIMEOUT_ENV}=SECONDS)") if stuck else f"failed: {errors[0]!r}"
         raise ForkserverStuck(f"the forkserver that preloads torch and deepspeed {why}. Its stack below shows "
                               "the import it is stuck in (if it waits in torch's file_baton, an interrupted "
                               "build left a stale 'lock' file under TORCH_EXTENSIONS_DIR: remove it)."
