@@ -53,7 +53,9 @@ def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
 
 
 def _torchrun(tmp_path, case, *args, timeout=300):
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    # PYTHONPATH: the plugin of this checkout, not whichever one is installed (cwd is not the checkout)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.monotonic()
     proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", "-m", "pytest", "-p",
                            "no:cacheprovider", str(DATA / case), *args],
