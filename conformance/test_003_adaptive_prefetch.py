@@ -215,3 +215,22 @@ def test_controller_adapts(zero3_world):
     coalesced = [s for s, g in enumerate(res["gathers"][:2]) if any(n > LAYER for n, _ in g)]
     assert coalesced, (f"no all-gather larger than one layer ({LAYER}) while the bucket grew to {peak}: the "
                        f"reported bucket is not the one applied; all-gathers {res['gathers'][:2]}")
+
+
+@pytest.mark.zero3_contract("003-g", "with every all-gather delayed on the device itself, the bucket grows: the "
+                                     "controller measures waits where they happen, not on the host")
+@pytest.mark.zero3_timeout(180)
+def test_controller_sees_device_side_waits(zero3_world):
+    """Why: on an asynchronous device (CUDA) a wait for an all-gather returns on the host at once and
+    blocks only the compute stream; a controller timing it with host timers measures nothing and
+    shrinks the bucket while the GPU stalls.  Every other 003 contract drives time through an
+    injected clock, so this is the one that judges the implementation's own timing.
+
+    6 steps, each all-gather preceded by 20 ms of GPU sleep on its stream, compute of a few
+    microseconds: waits are nearly all of the time, so the bucket must grow above its one-layer
+    start.  Needs CUDA and 2 ranks (unsupported on the CPU and on 1 rank, with the reason)."""
+    res = zero3_world.run(f.device_delayed, 6, 20.0)[0]
+    traj = _trajectory(res)
+    assert max(v for _, _, v in traj) > res["start"], (
+        f"the bucket never grew above its start {res['start']} although every all-gather waited 20 ms on the "
+        f"device (trajectory {traj}): the controller does not see device-side waits (host timers?)")

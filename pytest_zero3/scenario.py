@@ -33,10 +33,10 @@ def world_size() -> int:
 
 
 def device():
-    """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu``."""
+    """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu`` (also outside a world)."""
     import torch
     import torch.distributed as dist
-    if dist.get_backend() == "nccl":
+    if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
