@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 BAD = Path(__file__).resolve().parent / "bad_coordinators"
-FAMILY = ["003-a", "003-b", "003-c", "003-d", "003-e", "003-f"]
+FAMILY = ["003-a", "003-b", "003-c", "003-d", "003-e", "003-f", "003-g"]
 #: Whole-family wall time on this 2-core box is about 25 s; a hang would need the 45 s timeouts of
 #: both 003-b tests plus stack collection.  The bound catches a run that waited on a hung rank.
 MAX_SECONDS = 240

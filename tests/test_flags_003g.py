@@ -2,24 +2,25 @@
 controller that times waits with host timers while the reference passes.
 
 The CUDA half needs 2 GPUs and runs in scripts/gpu-check.sh; in CPU-only CI it is skipped (by
-``skipif``, with the reason), and the CPU half costs one world (a few seconds).
+``skipif``, with the reason), and the CPU half costs one pytest run of one contract (about 30 s).
 """
 from pathlib import Path
 
 import pytest
 
 from pytest_zero3.options import gpu_count
-from pytest_zero3.scenario import Unsupported
 
 BAD = Path(__file__).resolve().parent / "bad_coordinators"
 needs_two_gpus = pytest.mark.skipif(gpu_count() < 2, reason="003-g runs on CUDA devices: needs 2 GPUs")
 
 
 @pytest.mark.skipif(gpu_count() >= 2, reason="on GPUs 003-g runs for real (see the tests below)")
-def test_unsupported_on_cpu_with_the_reason(zero3_world):
-    from fixtures import family_003 as f  # imports torch: only when this test runs
-    with pytest.raises(Unsupported, match="003-g: it delays every all-gather on the device itself"):
-        zero3_world.run(f.device_delayed, 1, 1.0)
+def test_unsupported_on_cpu_with_the_reason(run_suite):
+    run = run_suite("reference", "003-g")
+    row = next(c for c in run.report["contracts"] if c["id"] == "003-g")
+    assert row["outcome"] == "unsupported", f"{row}\n{run.stdout[-3000:]}"
+    assert row["reason"].startswith("003-g: it delays every all-gather on the device itself"), row["reason"]
+    assert run.returncode == 0, run.stdout[-3000:]
 
 
 @needs_two_gpus
