@@ -193,7 +193,7 @@ def test_stacks_of_live_ranks_are_awaited_together(zero3_world):
     outcomes = zero3_world.outcomes(block_with_stack_signal_ignored)
     took = time.monotonic() - start
     assert [o.status for o in outcomes] == ["hung"] * 4
-    assert took < 2 + world.STACK_SECONDS + 4, f"stopping 4 hung ranks took {took:.1f} s"
+    assert took < 2 + world.STACK_SECONDS + 6, f"stopping 4 hung ranks took {took:.1f} s"  # one by one: 14+ s
 
 
 def finish_when_asked_for_a_stack():
