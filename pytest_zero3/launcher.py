@@ -101,9 +101,10 @@ class LauncherWorld:
         if _store is None:
             if self.backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            if not dist.is_initialized():
-                dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=self.timeout))
-            _store = dist.distributed_c10d._get_default_store()
+            if dist.is_initialized():  # the user's code joined the world already: use its store
+                _store = dist.distributed_c10d._get_default_store()
+            else:  # only the store: every scenario builds its own process group on it
+                _store, _, _ = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=self.timeout)))
         return _store
 
 
