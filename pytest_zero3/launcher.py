@@ -188,7 +188,8 @@ def _call_with_watchdog(r: int, fn, args, kwargs, timeout: float) -> RankOutcome
             raise rank_mod.Timeout(f"still running after the {timeout:g} s timeout (raise it with --zero3-timeout)")
 
     previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, timeout + WATCHDOG_SLACK)
+    started = time.monotonic()
+    their_delay, their_interval = signal.setitimer(signal.ITIMER_REAL, timeout + WATCHDOG_SLACK)
     try:
         try:
             return rank_mod.call(r, fn, args, kwargs, passthrough=(LauncherStopped,))
@@ -196,6 +197,9 @@ def _call_with_watchdog(r: int, fn, args, kwargs, timeout: float) -> RankOutcome
             armed[0] = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if their_delay:  # a timer someone else set (pytest-timeout): give back what is left of it
+                left = their_delay - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), their_interval)
     except rank_mod.Timeout as exc:  # fired between the scenario's end and disarming
         return rank_mod.ending(r, exc)
 
