@@ -6,7 +6,7 @@ gathered" until the next use prefetch saw for it; with a complete trace prefetch
 use, so with prefetch on every forward-gathered param stays until backward, whatever the distance.
 Its reuse scan also reads the *released* module's z3-leaf flag for every scanned module.
 
-Scenarios are in :mod:`pytest_zero3.fixtures.family_000`; every figure is measured on real 2-rank engines, on the
+Scenarios are in :mod:`pytest_zero3.fixtures.family_000`; every figure is measured on real multi-rank engines, on the
 steps that follow the trace-recording step.
 """
 import math
@@ -14,12 +14,7 @@ import math
 import pytest
 
 from pytest_zero3.fixtures import family_000 as f
-
-
-def _per_rank(results, check):
-    """Run ``check(rank, value)`` (returns an error line or None) on every rank; one message for all."""
-    errors = [e for rank, value in enumerate(results) for e in [check(rank, value)] if e]
-    return "\n".join(errors)
+from pytest_zero3.fixtures.verdicts import per_rank
 
 
 @pytest.mark.zero3_contract("000-a")
@@ -46,7 +41,7 @@ def test_distance_zero_releases_with_prefetch(zero3_world, bucket):
         if r["peak"] > r["bound"]:
             return (f"rank {rank}: at {r['where']} the already-run layers still held {r['peak']} gathered elements "
                     f"(bound: the running layer's {r['bound']}); still gathered: {r['still_gathered']}")
-    message = _per_rank(results, check)
+    message = per_rank(results, check)
     assert not message, (f"stage3_max_reuse_distance=0, prefetch bucket {bucket:g}, 6 x Linear(64,64):\n{message}")
 
 
@@ -65,7 +60,7 @@ def test_default_distance_gathers_each_param_once(zero3_world):
             if twice or missing:
                 lines.append(f"step {i}: gathered more than once {twice}, never gathered {sorted(missing)}")
         return f"rank {rank}: " + "; ".join(lines) if lines else None
-    message = _per_rank(results, check)
+    message = per_rank(results, check)
     assert not message, f"default stage3_max_reuse_distance (1e9), prefetch bucket {f.SMALL_BUCKET}:\n{message}"
 
 
@@ -80,7 +75,7 @@ def test_distance_zero_releases_without_prefetch(zero3_world):
         if r["peak"] or left:
             return (f"rank {rank}: peak {r['peak']} gathered elements of already-run layers (bound 0) at {r['where']}: "
                     f"{r['still_gathered']}; still gathered after forward, per step: {r['after_forward']}")
-    message = _per_rank(results, check)
+    message = per_rank(results, check)
     assert not message, f"stage3_max_reuse_distance=0, prefetch off, 6 x Linear(64,64):\n{message}"
 
 
@@ -118,7 +113,7 @@ def _assert_rule(results, what):
     def check(rank, r):
         if r["mismatches"]:
             return f"rank {rank}:\n  " + "\n  ".join(r["mismatches"])
-    message = _per_rank(results, check)
+    message = per_rank(results, check)
     assert not message, (f"stage3_max_reuse_distance={first['distance']} ({what}): forward releases differ from "
                          f"the reuse-distance rule:\n{message}")
 

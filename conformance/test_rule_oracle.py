@@ -12,7 +12,6 @@ failing example is shrunk (greedily, one world per candidate) and printed as a p
 """
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings

@@ -11,12 +11,13 @@ import os
 
 import pytest
 
-from pytest_zero3 import impl
+from pytest_zero3 import impl, spawner
 
 DEFAULT_TIMEOUT = 180.0
+DEFAULT_STARTUP_TIMEOUT = spawner.DEFAULT_STARTUP_TIMEOUT
 #: Option dest -> default, for every option of the group (see :func:`asked`).
 DEFAULTS = dict(zero3_impl="installed", zero3_world_size=2, zero3_backend="auto", zero3_timeout=DEFAULT_TIMEOUT,
-                zero3_select=None, zero3_report=None, zero3_report_md=None, zero3_expect=None, zero3_strict=False)
+                zero3_startup_timeout=DEFAULT_STARTUP_TIMEOUT, zero3_select=None, zero3_report=None, zero3_report_md=None, zero3_expect=None, zero3_strict=False)
 
 
 def add_options(parser) -> None:
@@ -30,6 +31,9 @@ def add_options(parser) -> None:
                     help="torch.distributed backend: auto picks nccl when there are at least N GPUs, else gloo.")
     group.addoption("--zero3-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                     help=f"Seconds one scenario may run before its ranks are reported hung (default {DEFAULT_TIMEOUT:g}).")
+    group.addoption("--zero3-startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT, metavar="SECONDS",
+                    help="Seconds the forkserver that preloads torch and deepspeed may take to become ready, "
+                         f"a budget of its own, never taken from a scenario's (default {DEFAULT_STARTUP_TIMEOUT:g}).")
     group.addoption("--zero3-select", default=None, metavar="IDS",
                     help="Run only the contracts whose ID starts with one of these comma-separated prefixes "
                          "(e.g. '000,001-a').")
@@ -55,6 +59,7 @@ class Settings:
     world_size: int
     backend: str  # "auto" until the first world resolves it
     timeout: float
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     resolved_backend: str = ""  # set when the first world starts
 
 
@@ -72,13 +77,16 @@ def settings_from(config) -> Settings:
     timeout = opt("--zero3-timeout")
     if not timeout > 0:
         raise pytest.UsageError(f"--zero3-timeout={timeout:g}: give a positive number of seconds.")
+    startup = opt("--zero3-startup-timeout")
+    if not startup > 0:
+        raise pytest.UsageError(f"--zero3-startup-timeout={startup:g}: give a positive number of seconds.")
     backend = opt("--zero3-backend")
     if backend == "nccl":
         gpus = gpu_count()
         if gpus < size:
             raise pytest.UsageError(f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
                                     f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size.")
-    return Settings(spec, size, backend, timeout)
+    return Settings(spec, size, backend, timeout, startup)
 
 
 def asked(config, args=()) -> bool:

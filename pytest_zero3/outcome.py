@@ -38,6 +38,7 @@ SEVERITY = (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.UNEXPECTED_PASS, Outcom
 PASSED = "passed"
 RAISED = "raised"
 SKIPPED = "skipped"
+XFAILED = "xfailed"  # pytest.xfail() in the scenario
 UNSUPPORTED = "unsupported"
 HUNG = "hung"
 DIED = "died"

@@ -122,8 +122,8 @@ class Zero3Session:
             return launcher.LauncherWorld(settings.spec, backend, timeout, on_outcomes=record)
         from pytest_zero3.world import World
         base = str(tmp_path_factory.mktemp("zero3-world"))
-        return World(size, backend, timeout, settings.spec.text, base,
-                     preload=markers.preloads(request.config), on_outcomes=record)
+        return World(size, backend, timeout, settings.spec.text, base, preload=markers.preloads(request.config),
+                     on_outcomes=record, startup_timeout=settings.startup_timeout)
 
     # -- hooks -------------------------------------------------------------------------------------
     def pytest_report_header(self, config):

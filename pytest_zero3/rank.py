@@ -18,7 +18,7 @@ import signal
 import sys
 import traceback
 
-from pytest_zero3.outcome import PASSED, RAISED, SKIPPED, UNSUPPORTED, RankOutcome
+from pytest_zero3.outcome import HUNG, PASSED, RAISED, SKIPPED, UNSUPPORTED, XFAILED, RankOutcome
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -55,9 +55,6 @@ def _run(job: dict, rank: int) -> RankOutcome:
 
 
 def _run_scenario(job: dict, rank: int) -> RankOutcome:
-    from pytest_zero3.scenario import Unsupported
-    import _pytest.outcomes as pytest_outcomes
-
     try:
         sys.path[:] = job["sys_path"]
         _set_env(job, rank)
@@ -65,16 +62,48 @@ def _run_scenario(job: dict, rank: int) -> RankOutcome:
         impl.apply(impl.parse(job["spec"]))
         _join_world(job, rank)
         fn, args, kwargs = pickle.loads(job["call"])
-        value = fn(*args, **kwargs)
+    except BaseException as exc:  # set-up failures are this rank's result too
+        return ending(rank, exc)
+    return call(rank, fn, args, kwargs)
+
+
+class Timeout(BaseException):
+    """Raised into a scenario that ran past its timeout (launcher mode's watchdog); reported as hung."""
+
+
+def call(rank: int, fn, args=(), kwargs=None, passthrough=()) -> RankOutcome:
+    """Run ``fn`` and turn however it ends into this rank's outcome; nothing escapes.
+
+    Every ending counts: a return, ``pytest.skip``/``xfail``/``fail``, ``Unsupported``, any
+    ``Exception``, and ``SystemExit``/``KeyboardInterrupt``/other ``BaseException``, so that every
+    rank always has an outcome to exchange (launcher mode) or to write (forked ranks).  Exceptions
+    of the ``passthrough`` types (the harness's own stop signal) are re-raised.
+    """
+    try:
+        value = fn(*args, **(kwargs or {}))
         pickle.dumps(value)  # fail here, with a clear message, rather than silently in the parent
         return RankOutcome(rank, PASSED, value=value)
-    except pytest_outcomes.Skipped as exc:
+    except passthrough:
+        raise
+    except BaseException as exc:
+        return ending(rank, exc)
+
+
+def ending(rank: int, exc: BaseException) -> RankOutcome:
+    """The outcome of a scenario that ended with ``exc``."""
+    import _pytest.outcomes as pytest_outcomes
+    from pytest_zero3.scenario import Unsupported
+
+    if isinstance(exc, pytest_outcomes.Skipped):
         return RankOutcome(rank, SKIPPED, message=str(exc.msg))
-    except Unsupported as exc:
+    if isinstance(exc, pytest_outcomes.XFailed):
+        return RankOutcome(rank, XFAILED, message=str(exc.msg))
+    if isinstance(exc, Unsupported):
         return RankOutcome(rank, UNSUPPORTED, message=str(exc))
-    except BaseException as exc:  # everything a scenario raises is a result to report
-        return RankOutcome(rank, RAISED, message=f"{type(exc).__name__}: {exc}".strip(),
-                           traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)))
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None))
+    if isinstance(exc, Timeout):
+        return RankOutcome(rank, HUNG, message=str(exc), traceback=tb)
+    return RankOutcome(rank, RAISED, message=f"{type(exc).__name__}: {exc}".strip(), traceback=tb)
 
 
 def _set_env(job: dict, rank: int) -> None:

@@ -7,6 +7,7 @@ initialised before they start); this module adds the few things every scenario n
 * :func:`rank` / :func:`world_size` / :func:`device`;
 * :func:`agree`: an assertion that all ranks take together, so one rank's failed check is
   reported on every rank as that check instead of leaving the others waiting in a collective;
+* :func:`require_ranks`: declares a contract that needs several ranks unsupported on a smaller world;
 * :func:`unsupported`: declares that the implementation under test lacks a feature the contract
   needs (reported as ``unsupported`` with the reason, never as a silent skip);
 * ``pytest.skip(reason)`` works as usual and is reported as a skip when every rank skips.
@@ -32,10 +33,10 @@ def world_size() -> int:
 
 
 def device():
-    """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu``."""
+    """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu`` (also outside a world)."""
     import torch
     import torch.distributed as dist
-    if dist.get_backend() == "nccl":
+    if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
@@ -43,6 +44,18 @@ def device():
 def unsupported(reason: str) -> None:
     """Stop the scenario: the implementation lacks a feature (e.g. the config rejects its keys)."""
     raise Unsupported(reason)
+
+
+def require_ranks(n: int, why: str) -> None:
+    """Declare the contract unsupported on worlds of fewer than ``n`` ranks, saying ``why`` it needs them.
+
+    For contracts whose rule only shows between ranks (a slower rank, all-gathers that a single rank
+    never issues): at world size 1 they cannot be judged, which is not a failure of the implementation.
+    """
+    size = world_size()
+    if size < n:
+        raise Unsupported(f"needs a world of at least {n} ranks ({why}); this one has {size}: "
+                          f"run it with --zero3-world-size={n} or more")
 
 
 def gather(obj: Any) -> list:

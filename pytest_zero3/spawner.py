@@ -28,6 +28,12 @@ def payload_path(parent_pid: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"pytest-zero3-{os.getuid()}-forkserver-{parent_pid}.pickle")
 
 
+#: Seconds the forkserver may take to become ready (its preload imports torch and deepspeed, and may
+#: build DeepSpeed's CPU comm op): a budget of its own (``--zero3-startup-timeout``), never taken from
+#: a scenario's timeout.
+DEFAULT_STARTUP_TIMEOUT = 600.0
+
+
 class ForkserverStuck(Exception):
     """The forkserver did not become ready (its preload hung or crashed); the message has its stack."""
 _context = None
@@ -77,7 +83,8 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
         starter.join(10)
         for proc in procs:
             kill(proc)
-        why = f"did not become ready within {timeout:g} s" if stuck else f"failed: {errors[0]!r}"
+        why = (f"did not become ready within {timeout:g} s (its start-up budget, separate from the scenario "
+               f"timeout: raise it with --zero3-startup-timeout=SECONDS)") if stuck else f"failed: {errors[0]!r}"
         raise ForkserverStuck(f"the forkserver that preloads torch and deepspeed {why}. Its stack below shows "
                               "the import it is stuck in (if it waits in torch's file_baton, an interrupted "
                               "build left a stale 'lock' file under TORCH_EXTENSIONS_DIR: remove it)."

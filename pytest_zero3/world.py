@@ -21,11 +21,13 @@ import pytest
 
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3 import spawner
-from pytest_zero3.outcome import (DIED, HUNG, PASSED, SKIPPED, STOPPED, UNSUPPORTED, RankOutcome,
+from pytest_zero3.outcome import (DIED, HUNG, PASSED, SKIPPED, STOPPED, UNSUPPORTED, XFAILED, RankOutcome,
                                   death_message, failure_text)
 
 #: Seconds the other ranks may still run after one rank failed.
 GRACE_SECONDS = 5.0
+#: Seconds to wait for the stacks of ranks being stopped (all of them together), and the poll step.
+STACK_SECONDS, STACK_POLL = 3.0, 0.05
 _run_ids = itertools.count()
 
 
@@ -41,8 +43,10 @@ class World:
     """A world of ``size`` ranks under one implementation; each :meth:`run` forks fresh ranks."""
 
     def __init__(self, size: int, backend: str, timeout: float, spec_text: str, base_dir: str,
-                 preload=(), on_outcomes: Callable[[List[RankOutcome]], None] = None):
+                 preload=(), on_outcomes: Callable[[List[RankOutcome]], None] = None,
+                 startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT):
         self.size, self.backend, self.timeout = size, backend, timeout
+        self.startup_timeout = startup_timeout
         self.spec_text, self.base_dir, self.preload = spec_text, base_dir, list(preload)
         self._on_outcomes = on_outcomes
 
@@ -63,13 +67,17 @@ class World:
         run_dir = os.path.join(self.base_dir, f"run{next(_run_ids)}")
         os.makedirs(run_dir)
         job = dict(run_dir=run_dir, parent_pid=os.getpid(), sys_path=list(sys.path), spec=self.spec_text,
-                   world_size=self.size, backend=self.backend, timeout=self.timeout,
+                   world_size=self.size, backend=self.backend,
+                   # the parent's deadline is the authority: a rank's collectives give up only after
+                   # the parent has stopped it and read its stack (no race between "hung" and "raised")
+                   timeout=self.timeout + GRACE_SECONDS + STACK_SECONDS,
                    port=20000 + zlib.crc32(run_dir.encode()) % 40000,
                    call=pickle.dumps((fn, args, kwargs)))
         payload = pickle.dumps(job)
         ctx = spawner.context(self.preload, self.spec_text)
         try:
-            procs = spawner.start_all(ctx, rank_mod.main, [(payload, r) for r in range(self.size)], self.timeout)
+            procs = spawner.start_all(ctx, rank_mod.main, [(payload, r) for r in range(self.size)],
+                                      self.startup_timeout)
         except spawner.ForkserverStuck as exc:
             raise WorldFailure(str(exc), []) from None
         try:
@@ -86,6 +94,8 @@ def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
         return [o.value for o in outcomes]
     if statuses == {SKIPPED}:
         pytest.skip(outcomes[0].message)
+    if statuses == {XFAILED}:
+        pytest.xfail(outcomes[0].message)
     unsupported = [o for o in outcomes if o.status == UNSUPPORTED]
     if unsupported and statuses <= {UNSUPPORTED, PASSED, SKIPPED, STOPPED}:
         from pytest_zero3.scenario import Unsupported
@@ -131,33 +141,45 @@ def _read_outcome(r: int, proc, f: dict) -> RankOutcome:
 
 
 def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
-    """Ask every live rank for its stack, then kill it."""
+    """Ask every live rank for its stack at once, wait for all stacks together, then kill.
+
+    A rank that finishes meanwhile (it was about to exit when the deadline came) keeps its own
+    outcome: it is re-checked on every poll, and once more after the kill.
+    """
     live = [r for r in range(len(procs)) if outcomes[r] is None]
     for r in live:
         try:
             os.kill(procs[r].pid, rank_mod.STACK_SIGNAL)
         except ProcessLookupError:
             pass
+    pending, sizes = set(live), {}
+    end = time.monotonic() + STACK_SECONDS
+    while pending and time.monotonic() < end:
+        for r in list(pending):
+            if procs[r].exitcode is not None:
+                outcomes[r] = _read_outcome(r, procs[r], files[r])
+                pending.discard(r)
+                continue
+            path = files[r]["stack"]
+            size = os.path.getsize(path) if os.path.exists(path) else 0
+            if size and size == sizes.get(r):  # faulthandler writes synchronously: stable means done
+                pending.discard(r)
+            sizes[r] = size
+        if pending:
+            wait([procs[r].sentinel for r in pending], timeout=STACK_POLL)  # wakes early on an exit
     for r in live:
-        _wait_for_stack(files[r]["stack"])
+        if outcomes[r] is not None:
+            continue
         spawner.kill(procs[r])
+        if os.path.exists(files[r]["result"]):  # wrote its result between the last poll and the kill
+            outcomes[r] = _read_outcome(r, procs[r], files[r])
+            continue
         if reason == HUNG:
             message = f"still running after the {timeout:g} s timeout (raise it with --zero3-timeout)"
         else:
             message = f"stopped {waited:.1f} s after another rank failed"
         outcomes[r] = RankOutcome(r, reason, message=message, traceback=_read(files[r]["stack"]),
                                   log_tail=_tail(files[r]["log"]))
-
-
-def _wait_for_stack(path: str, limit: float = 3.0) -> None:
-    """Poll until faulthandler has written a stack and stopped growing (it writes synchronously)."""
-    end, last = time.monotonic() + limit, -1
-    while time.monotonic() < end:
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        if size and size == last:
-            return
-        last = size
-        time.sleep(0.05)
 
 
 def _read(path: str) -> str:

@@ -52,21 +52,56 @@ def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
     assert "4 passed" in run.stdout
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
-def test_torchrun_launcher_mode_runs_in_process(tmp_path):
-    report = tmp_path / "r.json"
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+def _torchrun(tmp_path, case, *args, timeout=300):
+    # PYTHONPATH: the plugin of this checkout, not whichever one is installed (cwd is not the checkout)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    start = time.monotonic()
     proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", "-m", "pytest", "-p",
-                           "no:cacheprovider", str(DATA / "torchrun_case.py"), f"--zero3-report={report}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+                           "no:cacheprovider", str(DATA / case), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+needs_torchrun = pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
+
+
+@needs_torchrun
+def test_torchrun_launcher_mode_every_ending_is_every_ranks_outcome(tmp_path):
+    """One torchrun world for every way a scenario can end on rank 1 (see tests/data/torchrun_case.py):
+    both ranks pass every test only if both saw the same per-rank verdicts, within the timeouts, and
+    stayed in step for the tests after each failure."""
+    report = tmp_path / "r.json"
+    rc, out, _ = _torchrun(tmp_path, "torchrun_case.py", f"--zero3-report={report}", "--zero3-timeout=120")
+    assert rc == 0, out
+    assert out.count("14 passed") == 2, out  # on both ranks
     assert out.count("ZeRO-3 conformance") == 1  # only rank 0 prints the summary
     assert '"outcome": "pass"' in report.read_text()
 
 
+@needs_torchrun
+def test_torchrun_rank_process_exit_stops_the_others_with_the_reason(tmp_path):
+    """A rank whose process ends (os._exit) cannot report; the others must not wait for the timeout."""
+    rc, out, took = _torchrun(tmp_path, "torchrun_exit_case.py", "--zero3-timeout=600")
+    assert rc != 0, out
+    assert "exitcode  : 7" in out, out  # the launcher names the rank that ended
+    assert "LauncherStopped: pytest on rank 0 received SIGTERM from the launcher" in out, out
+    assert took < 300, out
+
+
 def test_stuck_forkserver_preload_is_a_reported_failure_not_a_hang(run_pytest):
-    run = run_pytest(str(DATA / "stuck_preload_case.py"), "--zero3-timeout=20", timeout=200)
+    # 45 s: enough for the preload's torch and deepspeed imports on a busy 2-core box before it blocks
+    run = run_pytest(str(DATA / "stuck_preload_case.py"), "--zero3-timeout=5", "--zero3-startup-timeout=45",
+                     timeout=300)
     assert run.returncode == 1, run.stdout
-    assert "the forkserver that preloads torch and deepspeed did not become ready within 20 s" in run.stdout
+    assert ("the forkserver that preloads torch and deepspeed did not become ready within 45 s (its start-up "
+            "budget, separate from the scenario timeout: raise it with --zero3-startup-timeout=SECONDS)") in run.stdout
     assert "in _block_forever_at_import" in run.stdout  # its stack shows where it waits
+
+
+def test_forkserver_start_up_does_not_count_against_the_scenario_timeout(run_pytest):
+    """A preload of 8 s (plus torch and deepspeed) under a 4 s scenario timeout: the test passes."""
+    run = run_pytest(str(DATA / "slow_preload_case.py"), "--zero3-timeout=4",
+                     env={"ZERO3_SLOW_IMPORT_SECONDS": "8"}, timeout=300)
+    assert run.returncode == 0, run.stdout
+    assert "1 passed" in run.stdout

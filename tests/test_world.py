@@ -175,3 +175,40 @@ def unpicklable_result():
 def test_unpicklable_result_is_a_clear_failure(zero3_world):
     with pytest.raises(WorldFailure, match="(?s)TypeError: cannot pickle"):
         zero3_world.run(unpicklable_result)
+
+
+def block_with_stack_signal_ignored():
+    import threading
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # this rank will never write a stack
+    threading.Event().wait()
+
+
+@pytest.mark.zero3_world_size(4)
+@pytest.mark.zero3_timeout(2)
+def test_stacks_of_live_ranks_are_awaited_together(zero3_world):
+    """Four hung ranks that never write a stack cost one stack wait (3 s), not four in a row (12 s)."""
+    import time
+    from pytest_zero3 import world
+    start = time.monotonic()
+    outcomes = zero3_world.outcomes(block_with_stack_signal_ignored)
+    took = time.monotonic() - start
+    assert [o.status for o in outcomes] == ["hung"] * 4
+    assert took < 2 + world.STACK_SECONDS + 6, f"stopping 4 hung ranks took {took:.1f} s"  # one by one: 14+ s
+
+
+def finish_when_asked_for_a_stack():
+    import threading
+    if scenario.rank() == 0:
+        raise ValueError("rank zero broke")
+    asked = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: asked.set())  # the harness's stack request ends the wait
+    asked.wait()
+    return "finished while being stopped"
+
+
+def test_rank_that_finishes_while_being_stopped_keeps_its_result(zero3_world, monkeypatch):
+    from pytest_zero3 import world
+    monkeypatch.setattr(world, "GRACE_SECONDS", 0.5)
+    outcomes = zero3_world.outcomes(finish_when_asked_for_a_stack)
+    assert outcomes[0].status == "raised"
+    assert (outcomes[1].status, outcomes[1].value) == ("passed", "finished while being stopped"), outcomes[1]
