@@ -118,12 +118,17 @@ def forget(proc) -> None:
     _live.discard(proc)
 
 
-def kill(proc) -> None:
+def send_kill(proc) -> None:
+    """SIGKILL ``proc`` without waiting for it (see :func:`kill`)."""
     if proc.pid is not None and proc.exitcode is None:
         try:
             os.kill(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill(proc) -> None:
+    send_kill(proc)
     proc.join(timeout=10)
     forget(proc)
 

@@ -167,9 +167,10 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
             sizes[r] = size
         if pending:
             wait([procs[r].sentinel for r in pending], timeout=STACK_POLL)  # wakes early on an exit
-    for r in live:
-        if outcomes[r] is not None:
-            continue
+    remaining = [r for r in live if outcomes[r] is None]
+    for r in remaining:  # all at once: a rank must not see a peer die and report that as its own failure
+        spawner.send_kill(procs[r])
+    for r in remaining:
         spawner.kill(procs[r])
         if os.path.exists(files[r]["result"]):  # wrote its result between the last poll and the kill
             outcomes[r] = _read_outcome(r, procs[r], files[r])
