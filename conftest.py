@@ -5,6 +5,7 @@ another directory loads this file as a non-root conftest, where pytest rejects `
 The plugin itself comes from the installed entry point (``pip install -e .``; uninstalled, run with
 ``-p pytest_zero3.plugin``).
 """
+
 from pathlib import Path
 
 

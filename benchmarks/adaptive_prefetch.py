@@ -15,6 +15,7 @@ Timings on a shared 2-core box are noisy: read the ratio as "about the same" unl
 Gloo all-gathers on CPU run while the caller blocks, so prefetching hides little; the figure shows the
 controller's overhead and where it settles rather than a speed-up.
 """
+
 import argparse
 import os
 import statistics
@@ -37,12 +38,16 @@ from pytest_zero3.fixtures.models import MLP  # noqa: E402
 
 def run_one(adaptive, args, rank, layer):
     import deepspeed
+
     torch.manual_seed(0)
     model = MLP(args.layers, args.width)
     zero = {"stage3_prefetch_bucket_size": args.start or layer}
     if adaptive:
-        zero.update(stage3_adaptive_prefetch_bucket_size=True, stage3_adaptive_prefetch_min_size=args.min or layer // 2,
-                    stage3_adaptive_prefetch_max_size=args.max or 4 * layer * args.layers)
+        zero.update(
+            stage3_adaptive_prefetch_bucket_size=True,
+            stage3_adaptive_prefetch_min_size=args.min or layer // 2,
+            stage3_adaptive_prefetch_max_size=args.max or 4 * layer * args.layers,
+        )
     config = zero3_config(args.world, zero=zero)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     coord = coordinator(engine)
@@ -63,22 +68,27 @@ def run_one(adaptive, args, rank, layer):
 def worker(rank, args, store):
     join_world(rank, args.world, store)
     from pytest_zero3 import reference_impl
+
     reference_impl.install()
     layer = args.width * args.width + args.width
     static = run_one(False, args, rank, layer)
     adaptive = run_one(True, args, rank, layer)
     if rank != 0:
         return
-    print(f"model: {args.layers} x Linear({args.width},{args.width}) ({layer:,} elements per layer), {args.world} "
-          f"ranks (gloo, CPU), {args.steps} steps, first {args.warmup} not timed; start bucket "
-          f"{args.start or layer:,}, adaptive bounds [{args.min or layer // 2:,}, "
-          f"{args.max or 4 * layer * args.layers:,}], decision every {args.interval or 'default'} fetches")
+    print(
+        f"model: {args.layers} x Linear({args.width},{args.width}) ({layer:,} elements per layer), {args.world} "
+        f"ranks (gloo, CPU), {args.steps} steps, first {args.warmup} not timed; start bucket "
+        f"{args.start or layer:,}, adaptive bounds [{args.min or layer // 2:,}, "
+        f"{args.max or 4 * layer * args.layers:,}], decision every {args.interval or 'default'} fetches"
+    )
     print("adaptive bucket after each step: " + ", ".join(f"{b:,}" for b in adaptive[2]))
     decisions, ratio = adaptive[3]
     print(f"decisions: {decisions}; last group wait ratio: {ratio if ratio is None else round(ratio, 3)}")
-    med = [statistics.median(run[0][args.warmup:]) for run in (static, adaptive)]
-    print(f"median step time: static {med[0] * 1e3:.1f} ms, adaptive {med[1] * 1e3:.1f} ms; "
-          f"ratio adaptive/static {med[1] / med[0]:.3f}")
+    med = [statistics.median(run[0][args.warmup :]) for run in (static, adaptive)]
+    print(
+        f"median step time: static {med[0] * 1e3:.1f} ms, adaptive {med[1] * 1e3:.1f} ms; "
+        f"ratio adaptive/static {med[1] / med[0]:.3f}"
+    )
     print(f"losses bitwise equal: {static[1] == adaptive[1]}")
 
 
@@ -97,6 +107,7 @@ def main():
     # the harness's per-deepspeed extension directory: DeepSpeed JIT-builds its CPU comm op at
     # init_distributed, and torch's shared default directory may hold another build's stale lock
     from pytest_zero3 import impl
+
     impl.prepare_process(impl.parse("reference"))
     launch(worker, args)
 

@@ -84,15 +84,18 @@ class GatheredNumelProbe:
 def build_engine(impl, name, args, reuse_distance):
     import deepspeed
     from pytest_zero3 import reference_impl
+
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()
     model, make_batch = models.build(name, args)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=ds_config(args, reuse_distance))
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config(args, reuse_distance)
+    )
     return engine, make_batch
 
 
 def timed_step(engine, x, y):
     from deepspeed import comm as dist
+
     dist.barrier()
     start = time.perf_counter()
     loss = nn.functional.mse_loss(engine(x), y)
@@ -103,6 +106,7 @@ def timed_step(engine, x, y):
 
 def compare(args, name, reuse_distance, rank):
     from deepspeed import comm as dist
+
     engines = {}
     for impl in IMPLS:
         engines[impl], make_batch = build_engine(impl, name, args, reuse_distance)
@@ -111,7 +115,7 @@ def compare(args, name, reuse_distance, rank):
     losses = {impl: [] for impl in IMPLS}
     for i in range(args.warmup + args.steps):
         x, y = make_batch(generator)
-        for impl in (IMPLS if i % 2 == 0 else IMPLS[::-1]):
+        for impl in IMPLS if i % 2 == 0 else IMPLS[::-1]:
             elapsed, loss = timed_step(engines[impl], x, y)
             if i >= args.warmup:
                 times[impl].append(elapsed)
@@ -133,17 +137,25 @@ def compare(args, name, reuse_distance, rank):
         loss_diff = max(abs(a - b) for a, b in zip(losses["stock"], losses["reference"]))
         print(f"{name}, stage3_max_reuse_distance {reuse_distance}:")
         for impl in IMPLS:
-            print(f"  {impl:>9}: median step {statistics.median(slowest[impl]) * 1e3:8.2f} ms   "
-                  f"peak gathered numel {probes[impl].peak:>10,}")
-        print(f"  ratio reference/stock (median step time): {ratio:.3f}  95% interval [{low:.3f}, {high:.3f}]   "
-              f"max |loss difference|: {loss_diff:.3g}", flush=True)
+            print(
+                f"  {impl:>9}: median step {statistics.median(slowest[impl]) * 1e3:8.2f} ms   "
+                f"peak gathered numel {probes[impl].peak:>10,}"
+            )
+        print(
+            f"  ratio reference/stock (median step time): {ratio:.3f}  95% interval [{low:.3f}, {high:.3f}]   "
+            f"max |loss difference|: {loss_diff:.3g}",
+            flush=True,
+        )
 
 
 def worker(rank, args, store):
     join_world(rank, args.world, store)
     if rank == 0:
-        print(f"{args.world} ranks, batch {args.batch}/rank, prefetch bucket {args.prefetch_bucket}; "
-              f"{args.steps} measured steps per engine ({args.warmup} warm-up), interleaved", flush=True)
+        print(
+            f"{args.world} ranks, batch {args.batch}/rank, prefetch bucket {args.prefetch_bucket}; "
+            f"{args.steps} measured steps per engine ({args.warmup} warm-up), interleaved",
+            flush=True,
+        )
     for name in args.models:
         for reuse_distance in args.reuse_distances:
             compare(args, name, reuse_distance, rank)
@@ -156,8 +168,9 @@ def main():
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--reuse-distances", type=int, nargs="+", default=[int(1e9)])
-    parser.add_argument("--prefetch-bucket", type=int, default=int(5e7), help="stage3_prefetch_bucket_size "
-                        "(default: deepspeed's)")
+    parser.add_argument(
+        "--prefetch-bucket", type=int, default=int(5e7), help="stage3_prefetch_bucket_size (default: deepspeed's)"
+    )
     args = parser.parse_args()
     launch(worker, args)
 

@@ -7,6 +7,7 @@ fresh ``torchrun --nproc_per_node=2`` world, with the ratio torchrun / harness.
 
     DS_ACCELERATOR=cpu python benchmarks/harness.py [--reps 5]
 """
+
 import argparse
 import os
 import statistics
@@ -25,19 +26,25 @@ def empty():
 
 def tiny():
     from pytest_zero3.fixtures.baseline import tiny_steps
+
     return tiny_steps()
 
 
 def _torchrun_once(which: str) -> float:
     t = time.perf_counter()
-    subprocess.run(["torchrun", "--nproc_per_node=2", "--standalone", __file__, "--rank-body", which],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["torchrun", "--nproc_per_node=2", "--standalone", __file__, "--rank-body", which],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
 def _rank_body(which: str) -> None:
     """What one torchrun rank does: join the world, run the scenario, leave."""
     import torch.distributed as dist
+
     dist.init_process_group("gloo")
     if which == "tiny":
         tiny()
@@ -54,6 +61,7 @@ def main() -> None:
         return _rank_body(args.rank_body)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from pytest_zero3.world import World
+
     world = World(2, "gloo", 600, "installed", tempfile.mkdtemp(prefix="zero3-bench-"))
 
     t = time.perf_counter()
@@ -72,7 +80,9 @@ def main() -> None:
     results = {}
     for name, fn in (("empty", empty), ("tiny ZeRO-3", tiny)):
         harness = timed(fn)
-        fresh = statistics.median(_torchrun_once("tiny" if fn is tiny else "empty") for _ in range(max(2, args.reps // 2)))
+        fresh = statistics.median(
+            _torchrun_once("tiny" if fn is tiny else "empty") for _ in range(max(2, args.reps // 2))
+        )
         results[name] = (harness, fresh)
 
     print(f"first world (forkserver start-up included): {first:.2f} s")

@@ -13,6 +13,7 @@ bookkeeping: what stock spends per hook is the floor to beat.
 Printed per model: median microseconds per hook call for each, their ratio reference/stock and a
 bootstrap 95% interval of that ratio over blocks. ``--profile`` prints the reference's cProfile.
 """
+
 import argparse
 import cProfile
 import os
@@ -32,16 +33,28 @@ import models  # noqa: E402
 from ranks import join_world, launch  # noqa: E402
 from stats import ratio_interval  # noqa: E402
 
-RECORDED = ("reset_step", "trace_prologue", "is_record_trace", "is_complete_trace", "is_invalid_trace",
-            "record_module", "fetch_sub_module", "release_sub_module", "release_backward_leftovers",
-            "release_and_reset_all")
+RECORDED = (
+    "reset_step",
+    "trace_prologue",
+    "is_record_trace",
+    "is_complete_trace",
+    "is_invalid_trace",
+    "record_module",
+    "fetch_sub_module",
+    "release_sub_module",
+    "release_backward_leftovers",
+    "release_and_reset_all",
+)
 
 
 def config(args):
     return {
         "train_batch_size": args.batch,
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                              "stage3_prefetch_bucket_size": args.prefetch_bucket},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_prefetch_bucket_size": args.prefetch_bucket,
+        },
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "gradient_clipping": 0.0,
     }
@@ -65,6 +78,7 @@ class _Handle:
 def stub_collectives(model) -> None:
     """Gathers and partitions that only flip ``ds_status``: the coordinator's cost is what is left."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
     for p in model.parameters():
         p.data = torch.empty(p.ds_shape)
 
@@ -97,6 +111,7 @@ def record_calls(engine, make_batch, generator):
                 return original(*args, **kwargs)
             finally:
                 depth[0] -= 1
+
         return call
 
     for name, original in originals.items():
@@ -121,6 +136,7 @@ def replay(calls, passes):
 def prepare(impl, name, args):
     import deepspeed
     from pytest_zero3 import reference_impl
+
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()
     model, make_batch = models.build(name, args)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(args))
@@ -139,13 +155,15 @@ def prepare(impl, name, args):
 
 def worker(rank, args, store):
     join_world(rank, args.world, store)
-    print(f"per-hook coordinator cost, collectives stubbed; {args.blocks} interleaved blocks of {args.passes} "
-          f"passes each; prefetch bucket {args.prefetch_bucket}")
+    print(
+        f"per-hook coordinator cost, collectives stubbed; {args.blocks} interleaved blocks of {args.passes} "
+        f"passes each; prefetch bucket {args.prefetch_bucket}"
+    )
     for name in args.models:
         prepared = {impl: prepare(impl, name, args) for impl in ("stock", "reference")}
         per_hook = {impl: [] for impl in prepared}
         for block in range(args.blocks):
-            for impl in (("stock", "reference") if block % 2 == 0 else ("reference", "stock")):
+            for impl in ("stock", "reference") if block % 2 == 0 else ("reference", "stock"):
                 calls = prepared[impl][1]
                 per_hook[impl].append(replay(calls, args.passes) / (args.passes * len(calls)))
         hooks = {impl: len(calls) for impl, (_, calls) in prepared.items()}

@@ -5,6 +5,7 @@
 small modules, so the coordinator's per-hook work is a large share of a step, as in real LLMs
 whose layers are split into many hooked submodules.
 """
+
 import torch
 from torch import nn
 
@@ -30,7 +31,6 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-
     def __init__(self, layers: int = 24, width: int = 64, heads: int = 4):
         super().__init__()
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))

@@ -15,6 +15,7 @@ Each is reported for a prefetch bucket of one layer and of 5e7 elements (``--pre
 
 This is the memory that issue 7670 is about (contract family 000); it is measured once, not timed.
 """
+
 import argparse
 import os
 import sys
@@ -72,8 +73,9 @@ def run_one(impl, bucket, args, rank):
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()
     torch.manual_seed(0)
     model = MLP(args.layers, args.width)
-    config = zero3_config(args.world, zero={"stage3_max_reuse_distance": args.reuse_distance,
-                                            "stage3_prefetch_bucket_size": bucket})
+    config = zero3_config(
+        args.world, zero={"stage3_max_reuse_distance": args.reuse_distance, "stage3_prefetch_bucket_size": bucket}
+    )
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     probe = ForwardPeak(engine.module)
     g = torch.Generator().manual_seed(1234 + rank)
@@ -98,16 +100,20 @@ def worker(rank, args, store):
     buckets = args.prefetch_bucket or [layer, int(5e7)]
     results = {(impl, b): run_one(impl, b, args, rank) for b in buckets for impl in IMPLS}
     if rank == 0:
-        print(f"model: {args.layers} x Linear({args.width},{args.width}) ({layer:,} elements per layer, "
-              f"{layer * args.layers:,} in all), {args.world} ranks, stage3_max_reuse_distance "
-              f"{args.reuse_distance}, {args.steps - 1} measured steps")
+        print(
+            f"model: {args.layers} x Linear({args.width},{args.width}) ({layer:,} elements per layer, "
+            f"{layer * args.layers:,} in all), {args.world} ranks, stage3_max_reuse_distance "
+            f"{args.reuse_distance}, {args.steps - 1} measured steps"
+        )
         for b in buckets:
             print(f"prefetch bucket {b:,}:")
             for impl in IMPLS:
                 gathered, resident, stale, _ = results[impl, b]
-                print(f"  {impl:>9}: forward peak gathered numel {gathered:>9,} ({gathered / layer:.2f} layers); "
-                      f"of layers already run {stale:>9,} ({stale / layer:.2f}); "
-                      f"with in-flight prefetch {resident:>9,} ({resident / layer:.2f})")
+                print(
+                    f"  {impl:>9}: forward peak gathered numel {gathered:>9,} ({gathered / layer:.2f} layers); "
+                    f"of layers already run {stale:>9,} ({stale / layer:.2f}); "
+                    f"with in-flight prefetch {resident:>9,} ({resident / layer:.2f})"
+                )
             diff = max(abs(x - y) for x, y in zip(results["stock", b][3], results["reference", b][3]))
             print(f"  max |loss difference| stock vs reference: {diff:.3g}")
 
@@ -119,8 +125,12 @@ def main():
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--reuse-distance", type=int, default=0)
-    parser.add_argument("--prefetch-bucket", type=int, action="append",
-                        help="prefetch bucket size(s); default: one layer's numel, then 5e7")
+    parser.add_argument(
+        "--prefetch-bucket",
+        type=int,
+        action="append",
+        help="prefetch bucket size(s); default: one layer's numel, then 5e7",
+    )
     args = parser.parse_args()
     launch(worker, args)
 

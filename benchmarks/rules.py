@@ -7,6 +7,7 @@ how many examples the default budget runs.  ``--spec JSON`` replays one example 
 
     DS_ACCELERATOR=cpu python benchmarks/rules.py [--impl reference|installed] [--examples N] [--spec JSON]
 """
+
 import argparse
 import json
 import os
@@ -23,8 +24,10 @@ def worker(rank, args, store):
     join_world(rank, args.world, store)
     if args.impl == "reference":
         from pytest_zero3 import reference_impl
+
         reference_impl.install()
     from pytest_zero3.fixtures import family_rule as f
+
     out = []
     for spec in args.specs:
         t0 = time.perf_counter()
@@ -36,13 +39,19 @@ def worker(rank, args, store):
     if rank == 0:
         runs = [r for r, _, _ in out]
         judges = [j for _, j, _ in out]
-        print(f"impl {args.impl}, world {args.world}, {len(out)} examples ({args.n_anchors} anchors + "
-              f"{len(out) - args.n_anchors} generated)")
-        print(f"per example: run {statistics.mean(runs):.2f} s (min {min(runs):.2f}, max {max(runs):.2f}), "
-              f"judge {1000 * statistics.mean(judges):.1f} ms; total {sum(runs) + sum(judges):.1f} s")
+        print(
+            f"impl {args.impl}, world {args.world}, {len(out)} examples ({args.n_anchors} anchors + "
+            f"{len(out) - args.n_anchors} generated)"
+        )
+        print(
+            f"per example: run {statistics.mean(runs):.2f} s (min {min(runs):.2f}, max {max(runs):.2f}), "
+            f"judge {1000 * statistics.mean(judges):.1f} ms; total {sum(runs) + sum(judges):.1f} s"
+        )
         for i, ((run_s, _, bad), spec) in enumerate(zip(out, args.specs)):
-            print(f"example {i}: {run_s:.2f} s: {spec['blocks']} steps {spec['steps']} x{spec['grad_acc']} "
-                  f"width {spec['width']} eval_at {spec['eval_at']} zero {spec['zero']}")
+            print(
+                f"example {i}: {run_s:.2f} s: {spec['blocks']} steps {spec['steps']} x{spec['grad_acc']} "
+                f"width {spec['width']} eval_at {spec['eval_at']} zero {spec['zero']}"
+            )
             by_rule = {}
             for v in bad:
                 by_rule.setdefault(v.rule, []).append(v)
@@ -59,6 +68,7 @@ def main():
     parser.add_argument("--spec", default=None, help="replay one example (JSON of the reproducer's spec line)")
     args = parser.parse_args()
     from pytest_zero3.conformance import test_rule_oracle as t
+
     if args.spec:
         args.specs, args.n_anchors = [json.loads(args.spec)], 0
     else:

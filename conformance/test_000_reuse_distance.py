@@ -9,6 +9,7 @@ Its reuse scan also reads the *released* module's z3-leaf flag for every scanned
 Scenarios are in :mod:`pytest_zero3.fixtures.family_000`; every figure is measured on real multi-rank engines, on the
 steps that follow the trace-recording step.
 """
+
 import math
 
 import pytest
@@ -39,10 +40,13 @@ def test_distance_zero_releases_with_prefetch(zero3_world, bucket):
 
     def check(rank, r):
         if r["peak"] > r["bound"]:
-            return (f"rank {rank}: at {r['where']} the already-run layers still held {r['peak']} gathered elements "
-                    f"(bound: the running layer's {r['bound']}); still gathered: {r['still_gathered']}")
+            return (
+                f"rank {rank}: at {r['where']} the already-run layers still held {r['peak']} gathered elements "
+                f"(bound: the running layer's {r['bound']}); still gathered: {r['still_gathered']}"
+            )
+
     message = per_rank(results, check)
-    assert not message, (f"stage3_max_reuse_distance=0, prefetch bucket {bucket:g}, 6 x Linear(64,64):\n{message}")
+    assert not message, f"stage3_max_reuse_distance=0, prefetch bucket {bucket:g}, 6 x Linear(64,64):\n{message}"
 
 
 @pytest.mark.zero3_contract("000-b")
@@ -60,6 +64,7 @@ def test_default_distance_gathers_each_param_once(zero3_world):
             if twice or missing:
                 lines.append(f"step {i}: gathered more than once {twice}, never gathered {sorted(missing)}")
         return f"rank {rank}: " + "; ".join(lines) if lines else None
+
     message = per_rank(results, check)
     assert not message, f"default stage3_max_reuse_distance (1e9), prefetch bucket {f.SMALL_BUCKET}:\n{message}"
 
@@ -73,8 +78,11 @@ def test_distance_zero_releases_without_prefetch(zero3_world):
     def check(rank, r):
         left = [names for names in r["after_forward"] if names]
         if r["peak"] or left:
-            return (f"rank {rank}: peak {r['peak']} gathered elements of already-run layers (bound 0) at {r['where']}: "
-                    f"{r['still_gathered']}; still gathered after forward, per step: {r['after_forward']}")
+            return (
+                f"rank {rank}: peak {r['peak']} gathered elements of already-run layers (bound 0) at {r['where']}: "
+                f"{r['still_gathered']}; still gathered after forward, per step: {r['after_forward']}"
+            )
+
     message = per_rank(results, check)
     assert not message, f"stage3_max_reuse_distance=0, prefetch off, 6 x Linear(64,64):\n{message}"
 
@@ -90,8 +98,9 @@ def test_window_keeps_exactly_the_reused_params(zero3_world, bucket):
 
 
 @pytest.mark.zero3_contract("000-e")
-@pytest.mark.parametrize("model,layers", [("leaf_in_window", 5), ("container_in_window", 4)],
-                         ids=["leaf-in-window", "container-in-window"])
+@pytest.mark.parametrize(
+    "model,layers", [("leaf_in_window", 5), ("container_in_window", 4)], ids=["leaf-in-window", "container-in-window"]
+)
 def test_window_scan_uses_each_modules_leaf_flag(zero3_world, model, layers):
     """Why: a z3 leaf module gathers its whole subtree at once; a non-leaf module only its own
     params (its children are hooked separately).  Scanning with the released module's flag
@@ -108,14 +117,18 @@ def _assert_rule(results, what):
     first = results[0]
     assert first["rule_kept"] and first["rule_released"], (
         f"test model invalid: the window must keep some params and release others, rule gives kept "
-        f"{first['rule_kept']} released {first['rule_released']}")
+        f"{first['rule_kept']} released {first['rule_released']}"
+    )
 
     def check(rank, r):
         if r["mismatches"]:
             return f"rank {rank}:\n  " + "\n  ".join(r["mismatches"])
+
     message = per_rank(results, check)
-    assert not message, (f"stage3_max_reuse_distance={first['distance']} ({what}): forward releases differ from "
-                         f"the reuse-distance rule:\n{message}")
+    assert not message, (
+        f"stage3_max_reuse_distance={first['distance']} ({what}): forward releases differ from "
+        f"the reuse-distance rule:\n{message}"
+    )
 
 
 @pytest.mark.zero3_contract("000-f")
@@ -129,10 +142,12 @@ def test_nvme_offload_with_distance_zero(zero3_world):
     results = zero3_world.run(f.nvme_training)
     for rank, (losses, in_memory) in enumerate(results):
         assert len(losses) == 4 and all(math.isfinite(x) for x in losses), (
-            f"rank {rank}: NVMe offload at reuse distance 0 gave losses {losses}")
+            f"rank {rank}: NVMe offload at reuse distance 0 gave losses {losses}"
+        )
         assert losses == pytest.approx(in_memory, rel=1e-6, abs=1e-8), (
             f"rank {rank}: NVMe offload at reuse distance 0 trained differently from the same run without "
-            f"offload: losses {losses} vs {in_memory}")
+            f"offload: losses {losses} vs {in_memory}"
+        )
 
 
 @pytest.mark.zero3_contract("000-g")
@@ -142,5 +157,7 @@ def test_distance_changes_memory_not_math(zero3_world):
     results = zero3_world.run(f.losses_by_distance, [0, f.DEFAULT_DISTANCE])
     for rank, by_distance in enumerate(results):
         zero, default = by_distance[0], by_distance[f.DEFAULT_DISTANCE]
-        assert zero == default, (f"rank {rank}: losses at distance 0 {zero} differ from the default distance "
-                                 f"{default} (max |diff| {max(abs(a - b) for a, b in zip(zero, default)):.3g})")
+        assert zero == default, (
+            f"rank {rank}: losses at distance 0 {zero} differ from the default distance "
+            f"{default} (max |diff| {max(abs(a - b) for a, b in zip(zero, default)):.3g})"
+        )

@@ -9,6 +9,7 @@ the global ``parameter_offload.FWD_MODULE_STACK`` (the reference's install fixes
 Every contract drives real 2-rank ZeRO-3 engines through forward/backward/step and asserts what can
 be seen from outside: weak references, ``ds_status`` of real parameters, losses, object counts.
 """
+
 import pytest
 
 from pytest_zero3.fixtures import family_001 as f
@@ -47,10 +48,13 @@ def test_no_engine_survives_destroy(zero3_world):
             f"rank {rank}: after {LIFECYCLES} lifecycles (destroy() + del + gc.collect()), still alive: "
             + ", ".join(f"{n}/{res['totals'][kind]} {kind}s" for kind, n in leaked.items())
             + f"; per lifecycle: {counts}. Held by:\n  "
-            + "\n  ".join(f"{k}: {v}" for k, v in res["holders"].items()))
+            + "\n  ".join(f"{k}: {v}" for k, v in res["holders"].items())
+        )
         grew = rss[-1] - rss[1]
-        assert grew <= RSS_BOUND_MIB, (f"rank {rank}: resident memory grew {grew:.1f} MiB from lifecycle 2 to "
-                                       f"{LIFECYCLES} (bound {RSS_BOUND_MIB} MiB): {rss}")
+        assert grew <= RSS_BOUND_MIB, (
+            f"rank {rank}: resident memory grew {grew:.1f} MiB from lifecycle 2 to "
+            f"{LIFECYCLES} (bound {RSS_BOUND_MIB} MiB): {rss}"
+        )
 
 
 @pytest.mark.zero3_contract("001-b")
@@ -74,22 +78,27 @@ def test_release_follows_rerecorded_trace(zero3_world):
             if step % STEPS_PER_RUN != STEPS_PER_RUN - 1:
                 continue
             if not rec["complete"]:
-                bad.append(f"step {step} (route {rec['route']}): no complete trace on the third step of the "
-                           "route (it should have been re-recorded on the second)")
+                bad.append(
+                    f"step {step} (route {rec['route']}): no complete trace on the third step of the "
+                    "route (it should have been re-recorded on the second)"
+                )
                 continue
             want = f.expected_residency(rec["route"], distance)
             got_at = [layers for _, layers in rec["at_forward"]]
             if got_at != want["at_forward"] or rec["after_forward"] != want["after_forward"]:
-                bad.append(f"step {step} (route {rec['route']}): layers gathered at each forward pre-hook "
-                           f"{got_at}, after forward {rec['after_forward']}; the rule for this order with "
-                           f"reuse distance {distance} gives {want['at_forward']}, after forward "
-                           f"{want['after_forward']}")
+                bad.append(
+                    f"step {step} (route {rec['route']}): layers gathered at each forward pre-hook "
+                    f"{got_at}, after forward {rec['after_forward']}; the rule for this order with "
+                    f"reuse distance {distance} gives {want['at_forward']}, after forward "
+                    f"{want['after_forward']}"
+                )
         assert not bad, f"rank {rank}: release decisions do not follow the re-recorded trace:\n  " + "\n  ".join(bad)
     losses = [rec["loss"] for rec in results[0]["records"]]
     plain = f.plain_routed_losses(ROUTES, len(results))
     assert losses == pytest.approx(plain, rel=1e-5, abs=1e-7), (
         f"ZeRO-3 losses over routes {ROUTES}:\n{losses}\ndiffer from plain torch (zero grads for skipped "
-        f"layers, as ZeRO's flat AdamW):\n{plain}")
+        f"layers, as ZeRO's flat AdamW):\n{plain}"
+    )
 
 
 @pytest.mark.zero3_contract("001-c")
@@ -113,16 +122,20 @@ def test_release_sets_not_mutated(zero3_world, distance):
     """
     results = zero3_world.run(f.released_after_forward, distance)
     for rank, res in enumerate(results):
-        assert not res["violations"], (f"rank {rank}: params left gathered or claimed after a step:\n  "
-                                       + "\n  ".join(res["violations"]))
+        assert not res["violations"], f"rank {rank}: params left gathered or claimed after a step:\n  " + "\n  ".join(
+            res["violations"]
+        )
         k = res["first_complete"]
         assert k is not None and k + 2 < len(res["per_step"]), (
-            f"rank {rank}: the coordinator reported no complete trace early enough (first at step {k})")
+            f"rank {rank}: the coordinator reported no complete trace early enough (first at step {k})"
+        )
         base = res["per_step"][k]
         diffs = [f"step {k + i}: {res['per_step'][k + i]}" for i in (1, 2) if res["per_step"][k + i] != base]
-        assert not diffs, (f"rank {rank}, reuse distance {distance}: params released after each forward "
-                           f"(module, phase, released) changed between steps. Step {k} (first complete "
-                           f"trace): {base}; then\n  " + "\n  ".join(diffs))
+        assert not diffs, (
+            f"rank {rank}, reuse distance {distance}: params released after each forward "
+            f"(module, phase, released) changed between steps. Step {k} (first complete "
+            f"trace): {base}; then\n  " + "\n  ".join(diffs)
+        )
 
 
 @pytest.mark.zero3_contract("001-d")
@@ -134,15 +147,19 @@ def test_release_cache_is_bounded(zero3_world):
     steps = 50
     results = zero3_world.run(f.object_growth, steps)
     for rank, res in enumerate(results):
-        print(f"rank {rank}: gc objects {res['total_before']} -> {res['total_after']} over {steps} steps; "
-              f"RSS MiB {res['rss_mib']}; growth by type {res['growth']}; retained by the coordinator "
-              f"{res['retained_bytes']} B")
+        print(
+            f"rank {rank}: gc objects {res['total_before']} -> {res['total_after']} over {steps} steps; "
+            f"RSS MiB {res['rss_mib']}; growth by type {res['growth']}; retained by the coordinator "
+            f"{res['retained_bytes']} B"
+        )
         grown = {k: v for k, v in res["growth"].items() if v >= steps // 2}
         total = res["total_after"] - res["total_before"]
         assert not grown and total < steps, (
             f"rank {rank}: live objects grew by {total} over {steps} steps on a complete trace (bound: fewer "
-            f"than {steps} in all and under {steps // 2} of any type); types that grew: {grown or res['growth']}")
+            f"than {steps} in all and under {steps // 2} of any type); types that grew: {grown or res['growth']}"
+        )
         assert res["retained_bytes"] < RETAINED_BOUND, (
             f"rank {rank}: the coordinator's own allocations retained {res['retained_bytes']} bytes over "
             f"{f.TRACED_STEPS} traced steps on a complete trace (bound {RETAINED_BOUND}; objects the gc does not track count too): "
-            f"{res['retained_top']}")
+            f"{res['retained_top']}"
+        )

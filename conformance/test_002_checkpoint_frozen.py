@@ -11,6 +11,7 @@ the whole block (checkpoint early-stop off).
 Every scenario is in :mod:`pytest_zero3.fixtures.family_002`; each also counts forward calls that ran inside
 backward, so a contract cannot pass because checkpointing silently did not recompute.
 """
+
 import importlib.util
 import math
 
@@ -22,13 +23,15 @@ from pytest_zero3.fixtures import family_002 as f002
 def _assert_recomputed(result, what="checkpointed modules"):
     assert result["recomputes"] > 0, (
         f"no forward of the {what} ran inside backward: checkpointing did not recompute, so this "
-        "scenario proves nothing (is the model in train mode, is checkpointing enabled?)")
+        "scenario proves nothing (is the model in train mode, is checkpointing enabled?)"
+    )
 
 
 def _assert_clean_after_backward(result):
     dirty = [(step, micro, v) for step, micro, v in result["violations"] if v]
     assert not dirty, "state not released after backward:\n" + "\n".join(
-        f"  step {step} micro-batch {micro}: " + "; ".join(v) for step, micro, v in dirty)
+        f"  step {step} micro-batch {micro}: " + "; ".join(v) for step, micro, v in dirty
+    )
 
 
 def _assert_finite(losses):
@@ -57,8 +60,7 @@ def test_everything_released_after_each_backward(zero3_world, gas):
 def test_no_grad_block_input_released_across_micro_batches(zero3_world):
     """The PR 8130 review case: such a block never gets its post-backward hook, so the recompute's
     gathers must be released at the end of backward, not left until the optimizer step."""
-    result = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("stem", "norm"), steps=2,
-                             gas=2)[0]
+    result = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("stem", "norm"), steps=2, gas=2)[0]
     _assert_recomputed(result)
     _assert_clean_after_backward(result)
 
@@ -84,7 +86,8 @@ def test_hf_llama_lora_gradient_checkpointing(zero3_world):
     result = zero3_world.run(f002.lora_llama_training, steps=3)[0]
     _assert_recomputed(result, "LoRA-wrapped attention projections")
     assert any("lora_" in n for n in result["trainable"]) and not any("lora_" in n for n in result["frozen"]), (
-        f"LoRA adapter not set up as expected: trainable={result['trainable']}")
+        f"LoRA adapter not set up as expected: trainable={result['trainable']}"
+    )
     losses = result["losses"]
     _assert_finite(losses)
     assert losses[-1] < losses[0], f"loss did not go down over {len(losses)} steps on a fixed batch: {losses}"
@@ -95,13 +98,15 @@ def test_hf_llama_lora_gradient_checkpointing(zero3_world):
 def test_checkpointed_run_matches_unchecked_and_plain_torch(zero3_world):
     """Recompute must run on the same full weights as the forward: any difference is a wrong gather."""
     import torch
+
     out = zero3_world.run(f002.parity, steps=3)[0]
     ckpt, unchecked, plain = out["checkpointed"], out["unchecked"], out["torch"]
     _assert_recomputed(ckpt)
     assert unchecked["recomputes"] == 0
     diffs = [abs(a - b) for a, b in zip(ckpt["losses"], unchecked["losses"])]
     assert max(diffs) <= 1e-6 * max(1.0, max(map(abs, unchecked["losses"]))), (
-        f"checkpointed losses {ckpt['losses']} differ from unchecked {unchecked['losses']} (max diff {max(diffs):.3g})")
+        f"checkpointed losses {ckpt['losses']} differ from unchecked {unchecked['losses']} (max diff {max(diffs):.3g})"
+    )
     assert len(ckpt["grads"]) == len(plain["grads"]) == 3
     bad = []
     for step, (z3, ref) in enumerate(zip(ckpt["grads"], plain["grads"])):
@@ -122,8 +127,9 @@ def test_checkpointed_run_matches_unchecked_and_plain_torch(zero3_world):
 def test_recompute_without_early_stop(zero3_world, frozen):
     """A full-block recompute re-runs the post-hook of the module whose backward is about to use its
     params: partitioning them there breaks AccumulateGrad ("size of tensor a (0) must match ...")."""
-    result = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=frozen, steps=3, gas=2,
-                             early_stop=False)[0]
+    result = zero3_world.run(
+        f002.checkpoint_training, f002.NON_REENTRANT, frozen=frozen, steps=3, gas=2, early_stop=False
+    )[0]
     _assert_recomputed(result)
     _assert_finite(result["losses"])
     _assert_clean_after_backward(result)

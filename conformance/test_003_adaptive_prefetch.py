@@ -29,12 +29,13 @@ Observation surface (the smallest that works on any implementation; see fixtures
 Every scenario also compares, after each step, the buckets seen at every forward pre-hook and the
 all-gather sequence across ranks (any contract fails on a rank divergence).
 """
+
 import pytest
 
 from pytest_zero3.fixtures import family_003 as f
 
 LAYER = f.LAYER_NUMEL
-BIG = 10 ** 9
+BIG = 10**9
 
 
 def _trajectory(result):
@@ -75,7 +76,8 @@ def test_same_bucket_on_every_rank_fake_clock(zero3_world):
     results = zero3_world.run(f.slow_rank_fake_clock, 4, 2)
     assert len(_trajectory(results[0])) > 1, (
         f"the bucket never moved although the last rank waited on every all-gather (trajectory {_trajectory(results[0])}):"
-        " the case proves nothing about agreement; see 003-f")
+        " the case proves nothing about agreement; see 003-f"
+    )
 
 
 @pytest.mark.zero3_contract("003-b")
@@ -88,11 +90,12 @@ def test_same_bucket_on_every_rank_real_delay(zero3_world):
     results = zero3_world.run(f.slow_rank_real_delay, 6, 0.002)
     differ = [rank for rank, r in enumerate(results) if r["gathers"] != results[0]["gathers"]]
     assert not differ, f"ranks {differ} issued other all-gathers than rank 0: " + "; ".join(
-        f"rank {rank}: {r['gathers']}" for rank, r in enumerate(results))
+        f"rank {rank}: {r['gathers']}" for rank, r in enumerate(results)
+    )
 
 
 @pytest.mark.zero3_contract("003-c")
-@pytest.mark.parametrize("start", [5 * 10 ** 7, 0], ids=["start-above-max", "start-below-min"])
+@pytest.mark.parametrize("start", [5 * 10**7, 0], ids=["start-above-max", "start-below-min"])
 @pytest.mark.zero3_timeout(60)
 def test_bucket_within_bounds(zero3_world, start):
     """Why: the PR clamped only after a grow or shrink, so a start outside the bounds (DeepSpeed's
@@ -106,14 +109,16 @@ def test_bucket_within_bounds(zero3_world, start):
     results = zero3_world.run(f.bounded, start, low, high, 2, 3, 2)
     res = results[0]
     assert low <= res["start"] <= high, (
-        f"starting bucket {res['start']} (stage3_prefetch_bucket_size={start}) is outside [{low}, {high}]")
+        f"starting bucket {res['start']} (stage3_prefetch_bucket_size={start}) is outside [{low}, {high}]"
+    )
     out = [(s, m, v) for s, m, _, v in res["fetch"] if not low <= v <= high]
     out += [(s, "all-gather", b) for s, g in enumerate(res["gathers"]) for _, b in g if not low <= b <= high]
     assert not out, f"bucket outside [{low}, {high}] at (step, where, value): {out[:12]}"
     seen = {v for _, _, _, v in res["fetch"]}
     assert high in seen and low in seen, (
         f"the bucket did not reach both bounds (trajectory {_trajectory(res)}): long waits must drive it to "
-        f"max {high}, then no waits to min {low}")
+        f"max {high}, then no waits to min {low}"
+    )
 
 
 #: 003-d is checked by two scenarios (trace modes, and invalidation), both under one contract ID.
@@ -141,7 +146,8 @@ def test_bucket_frozen_outside_complete_trace(zero3_world):
     assert {"record", "invalid", "complete"} <= modes, f"the scenario did not visit every trace mode: {modes}"
     assert len(_trajectory(res)) > 1, (
         f"the bucket never moved on the complete trace despite long waits, so its staying put while recording "
-        f"proves nothing: {_trajectory(res)}")
+        f"proves nothing: {_trajectory(res)}"
+    )
 
 
 @CONTRACT_003D
@@ -157,12 +163,14 @@ def test_samples_discarded_on_invalidation(zero3_world):
     waited, control = res["waited"], res["control"]
     assert len(_trajectory(control)) > 1, (
         f"no decision was taken on the re-recorded trace (trajectory {_trajectory(control)}), so nothing shows "
-        "whether old samples were dropped")
+        "whether old samples were dropped"
+    )
     differ = [(a[0], a[1], a[3], b[3]) for a, b in zip(waited["fetch"], control["fetch"]) if a[3] != b[3]]
     assert not differ, (
         f"samples taken before the trace was invalidated changed later decisions: (step, module, bucket after "
         f"long waits before invalidation, bucket without them) {differ[:6]}; trajectories {_trajectory(waited)} "
-        f"vs {_trajectory(control)}")
+        f"vs {_trajectory(control)}"
+    )
 
 
 @pytest.mark.zero3_contract("003-e")
@@ -180,11 +188,16 @@ def test_adaptation_changes_no_number(zero3_world):
         static, adaptive = runs["static"], runs["adaptive"]
         assert adaptive["gathers"] != static["gathers"], (
             f"rank {rank}: adaptive run issued the same all-gathers as the static one: the bucket never "
-            f"moved (trajectory {_trajectory(adaptive)})")
+            f"moved (trajectory {_trajectory(adaptive)})"
+        )
         assert adaptive["losses"] == static["losses"], (
-            f"rank {rank}: losses differ with adaptation on:\n  off {static['losses']}\n  on  {adaptive['losses']}")
-        diff = {n: float((adaptive["state"][n] - t).abs().max()) for n, t in static["state"].items()
-                if not bool((adaptive["state"][n] == t).all())}
+            f"rank {rank}: losses differ with adaptation on:\n  off {static['losses']}\n  on  {adaptive['losses']}"
+        )
+        diff = {
+            n: float((adaptive["state"][n] - t).abs().max())
+            for n, t in static["state"].items()
+            if not bool((adaptive["state"][n] == t).all())
+        }
         assert not diff, f"rank {rank}: final weights differ with adaptation on (max |diff| per param): {diff}"
 
 
@@ -204,11 +217,14 @@ def test_controller_adapts(zero3_world):
     assert len(grow) > 1 and grow == sorted(set(grow)), f"bucket did not grow (only) under long waits: {traj}"
     peak = grow[-1]
     assert len(shrink) > 1 and shrink == sorted(set(shrink), reverse=True) and shrink[-1] < peak, (
-        f"bucket did not shrink (only) without waits: {traj}")
+        f"bucket did not shrink (only) without waits: {traj}"
+    )
     assert min(shrink) >= low, f"bucket went below min {low}: {traj}"
     coalesced = [s for s, g in enumerate(res["gathers"][:2]) if any(n > LAYER for n, _ in g)]
-    assert coalesced, (f"no all-gather larger than one layer ({LAYER}) while the bucket grew to {peak}: the "
-                       f"reported bucket is not the one applied; all-gathers {res['gathers'][:2]}")
+    assert coalesced, (
+        f"no all-gather larger than one layer ({LAYER}) while the bucket grew to {peak}: the "
+        f"reported bucket is not the one applied; all-gathers {res['gathers'][:2]}"
+    )
 
 
 @pytest.mark.zero3_contract("003-g")
@@ -226,4 +242,5 @@ def test_controller_sees_device_side_waits(zero3_world):
     traj = _trajectory(res)
     assert max(v for _, _, v in traj) > res["start"], (
         f"the bucket never grew above its start {res['start']} although every all-gather waited 20 ms on the "
-        f"device (trajectory {traj}): the controller does not see device-side waits (host timers?)")
+        f"device (trajectory {traj}): the controller does not see device-side waits (host timers?)"
+    )

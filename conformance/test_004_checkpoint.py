@@ -6,6 +6,7 @@ checkpoint", DeepSpeed issue 1394, transformers issue 20082), or a reload that f
 wrongly.  Each contract saves through one of DeepSpeed's public paths on a real engine and compares
 what comes back with the weights the run trained.  Scenarios: :mod:`pytest_zero3.fixtures.family_004`.
 """
+
 import copy
 import importlib.util
 
@@ -24,7 +25,8 @@ def test_checkpoint_resume_is_exact(zero3_world, tmp_path):
     result = zero3_world.run(f004.resume_round_trip, str(tmp_path / "ckpt"))[0]
     _assert_no_problems(result, "the loaded engine differs from the one that saved")
     assert result["resumed"] == result["uninterrupted"], (
-        f"losses after resuming {result['resumed']} != uninterrupted run {result['uninterrupted']}")
+        f"losses after resuming {result['resumed']} != uninterrupted run {result['uninterrupted']}"
+    )
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "no-gather"])
@@ -40,7 +42,8 @@ def test_16bit_model_is_full_shape(zero3_world, tmp_path, gather):
     else:
         assert result["returned"] is False and result["files"] == [], (
             f"with stage3_gather_16bit_weights_on_model_save false, save_16bit_model returned "
-            f"{result['returned']!r} and wrote {result['files']}; DeepSpeed documents False and no file")
+            f"{result['returned']!r} and wrote {result['files']}; DeepSpeed documents False and no file"
+        )
 
 
 @pytest.mark.zero3_contract("004-c")
@@ -59,8 +62,10 @@ def test_mid_training_save_changes_nothing(zero3_world, tmp_path):
     result = zero3_world.run(f004.save_mid_training, str(tmp_path / "ckpt"))[0]
     plain, saved = result["plain"], result["saved"]
     _assert_no_problems(result, "a checkpoint saved mid-training is not the weights at that point")
-    extra = {k: sorted(set(saved[k]) - set(plain[k])) for k in
-             ("forward: after save", "context: after save", "context: after exit")}
+    extra = {
+        k: sorted(set(saved[k]) - set(plain[k]))
+        for k in ("forward: after save", "context: after save", "context: after exit")
+    }
     assert not any(extra.values()), f"params left gathered by the save that an unsaved run has released: {extra}"
     assert saved["losses"] == plain["losses"], f"losses with saves {saved['losses']} != unsaved {plain['losses']}"
     assert f004.tensor_differences("final", plain["final"], saved["final"]) == []
@@ -75,7 +80,8 @@ def test_save_inside_gathered_parameters_keeps_the_held_param(zero3_world, tmp_p
     result = zero3_world.run(f004.save_inside_gathered, str(tmp_path / "ckpt"))[0]
     assert result["shape after save"] == result["shape before save"], (
         f"{result['name']} is {result['shape after save']} after save_checkpoint inside GatheredParameters, "
-        f"{result['shape before save']} before: the save partitioned a param the user holds")
+        f"{result['shape before save']} before: the save partitioned a param the user holds"
+    )
     assert result["equal"], f"{result['name']} changed value across save_checkpoint inside GatheredParameters"
     _assert_no_problems(result, "the checkpoint saved inside GatheredParameters is not the trained model")
 
@@ -102,12 +108,17 @@ def test_checkpoint_loads_at_another_world_size(zero3_world, tmp_path):
         got = _resized(zero3_world, size).run(f004.load_resharded, root, saved["trained"])[0]
         problems += [f"world size {size}, universal checkpoint: {p}" for p in got["universal"]]
         if got["losses"] != pytest.approx(saved["continued"], rel=1e-5, abs=1e-7):
-            problems.append(f"world size {size}: losses after the universal load {got['losses']} != the uninterrupted "
-                            f"run at world size 2 {saved['continued']} (same global batch): optimizer state or "
-                            "schedule not restored")
-        problems += [f"world size {size}: a plain {label} load of a world-size-2 checkpoint neither raised nor "
-                     f"loaded the trained weights (a silent wrong load): {p}"
-                     for label, outcome in got["plain"].items() for p in outcome.get("differences", [])]
+            problems.append(
+                f"world size {size}: losses after the universal load {got['losses']} != the uninterrupted "
+                f"run at world size 2 {saved['continued']} (same global batch): optimizer state or "
+                "schedule not restored"
+            )
+        problems += [
+            f"world size {size}: a plain {label} load of a world-size-2 checkpoint neither raised nor "
+            f"loaded the trained weights (a silent wrong load): {p}"
+            for label, outcome in got["plain"].items()
+            for p in outcome.get("differences", [])
+        ]
     assert not problems, "; ".join(problems)
 
 

@@ -18,6 +18,7 @@ learning rate (1e-2) within a step.
 The models (``pytest_zero3.fixtures.models_extra``) are tiny and built from code; every scenario runs 10-12
 training steps and takes about a second per engine on a 2-core CPU box.
 """
+
 import pytest
 
 from pytest_zero3.fixtures import family_base as fb
@@ -60,8 +61,9 @@ def test_mlp_parity_prefetch_on(zero3_world):
     step) and must be waited on before use.  Two buckets: about one layer ahead (the coordinator
     pops params from its queue and stops) and DeepSpeed's default (the whole model ahead).
     """
-    results = _rank0(zero3_world.run(fb.parity_many, [("mlp", {"zero": PREFETCH_ONE_LAYER}),
-                                                      ("mlp", {"zero": PREFETCH_DEFAULT})]))
+    results = _rank0(
+        zero3_world.run(fb.parity_many, [("mlp", {"zero": PREFETCH_ONE_LAYER}), ("mlp", {"zero": PREFETCH_DEFAULT})])
+    )
     _assert_parity(results, ["MLP, prefetch bucket 300", "MLP, prefetch bucket 5e7"])
 
 
@@ -88,8 +90,10 @@ def test_z3_leaf_module_parity(zero3_world):
     results = _rank0(zero3_world.run(fb.leaf_parity, [{}, {"zero": PREFETCH_ONE_LAYER}]))
     for result, label in zip(results, ["prefetch off", "prefetch bucket 300"]):
         missing = result["leaf_not_gathered"]
-        assert not missing, (f"z3 leaf module, {label}: when experts.a started its forward, these params of the "
-                             f"leaf were not gathered (the leaf must be fetched as a whole): {missing}")
+        assert not missing, (
+            f"z3 leaf module, {label}: when experts.a started its forward, these params of the "
+            f"leaf were not gathered (the leaf must be fetched as a whole): {missing}"
+        )
     _assert_parity(results, ["z3 leaf module, prefetch off", "z3 leaf module, prefetch bucket 300"])
 
 
@@ -105,7 +109,8 @@ def test_default_persistence(zero3_world):
     result = _rank0(zero3_world.run(fb.parity, "table", default_persistence=True))
     assert result["partitioned"] == ["table.weight"] and len(result["persistent"]) == 4, (
         "scenario precondition: expected only table.weight (131072 elements) above the default threshold, got "
-        f"persistent={result['persistent']} partitioned={result['partitioned']}")
+        f"persistent={result['persistent']} partitioned={result['partitioned']}"
+    )
     bad = [f"after step {s}: {v}" for s, lines in enumerate(result["persistence"]) for v in lines]
     bad += [f"after step {s}: {v}" for s, lines in enumerate(result["lifecycle"]) for v in lines]
     assert not bad, "persistent params must stay resident and the others be released:\n" + "\n".join(bad)
@@ -122,16 +127,27 @@ def test_released_after_every_step(zero3_world):
     ``ds_recompute_parameters``).  Anything still gathered or claimed after the step is memory
     ZeRO-3 promised to free, and a claim blocks the next ``partition()``.
     """
-    runs = [("mlp", {"zero": PREFETCH_DEFAULT}), ("tied", {"zero": PREFETCH_DEFAULT}),
-            ("leaf", {"zero": PREFETCH_ONE_LAYER}), ("ckpt", {}), ("ckpt", {"zero": PREFETCH_DEFAULT})]
+    runs = [
+        ("mlp", {"zero": PREFETCH_DEFAULT}),
+        ("tied", {"zero": PREFETCH_DEFAULT}),
+        ("leaf", {"zero": PREFETCH_ONE_LAYER}),
+        ("ckpt", {}),
+        ("ckpt", {"zero": PREFETCH_DEFAULT}),
+    ]
     results = _rank0(zero3_world.run(fb.parity_many, runs))
     labels = [f"{m}, zero={kw.get('zero', {})}" for m, kw in runs]
-    bad = [f"{label}, after step {s}: {v}" for result, label in zip(results, labels)
-           for s, lines in enumerate(result["lifecycle"]) for v in lines]
+    bad = [
+        f"{label}, after step {s}: {v}"
+        for result, label in zip(results, labels)
+        for s, lines in enumerate(result["lifecycle"])
+        for v in lines
+    ]
     assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
     for result, (model, _) in zip(results, runs):
         if model == "ckpt":
-            assert result["recomputed_forwards"] > 0, "scenario precondition: the checkpointed block was never recomputed"
+            assert result["recomputed_forwards"] > 0, (
+                "scenario precondition: the checkpointed block was never recomputed"
+            )
 
 
 @pytest.mark.zero3_contract("base-g")
@@ -144,13 +160,21 @@ def test_module_order_change(zero3_world):
     flight in steps 2-4 (old order) and in the last 3 steps (new order, after re-recording).
     """
     orders = [(0, 1, 2, 3)] * 5 + [(3, 2, 1, 0)] * 7
-    result = _rank0(zero3_world.run(fb.parity, "reorder", zero=PREFETCH_ONE_LAYER, steps=len(orders),
-                                    orders=orders, watch_prefetch=True))
+    result = _rank0(
+        zero3_world.run(
+            fb.parity, "reorder", zero=PREFETCH_ONE_LAYER, steps=len(orders), orders=orders, watch_prefetch=True
+        )
+    )
     checked = {2: "old order", 3: "old order", 4: "old order", 9: "new order", 10: "new order", 11: "new order"}
-    missed = [f"step {s} ({what}, order {orders[s]}): layer {nxt} not gathered or in flight when layer {cur} started"
-              for s, what in checked.items() for cur, nxt, fetched in result["prefetch"][s] if not fetched]
-    assert not missed, ("prefetch does not follow the recorded module order (the trace was not re-recorded?):\n"
-                        + "\n".join(missed))
+    missed = [
+        f"step {s} ({what}, order {orders[s]}): layer {nxt} not gathered or in flight when layer {cur} started"
+        for s, what in checked.items()
+        for cur, nxt, fetched in result["prefetch"][s]
+        if not fetched
+    ]
+    assert not missed, (
+        "prefetch does not follow the recorded module order (the trace was not re-recorded?):\n" + "\n".join(missed)
+    )
     _assert_parity([result], ["module order changed at step 5"])
 
 
@@ -165,12 +189,19 @@ def test_eval_forward(zero3_world):
     still match plain torch.
     """
     result = _rank0(zero3_world.run(fb.eval_forwards, zero={"stage3_max_reuse_distance": 0}))
-    problems = [f"after {e['after_steps']} steps, {c['name']}: max |diff| {c['max_abs']:.3g} vs plain model "
-                f"(worst element {c['worst_index']}: {c['got']!r} vs {c['want']!r}; bound atol {fb.ATOL:g} + "
-                f"rtol {fb.RTOL:g}*|plain|)"
-                for e in result["evals"] for c in e["eval"] + [e["train_mode"]] if not c["within"]]
-    problems += [f"after eval forwards following step {e['after_steps']}: {v}"
-                 for e, lines in zip(result["evals"], result["lifecycle"]) for v in lines]
+    problems = [
+        f"after {e['after_steps']} steps, {c['name']}: max |diff| {c['max_abs']:.3g} vs plain model "
+        f"(worst element {c['worst_index']}: {c['got']!r} vs {c['want']!r}; bound atol {fb.ATOL:g} + "
+        f"rtol {fb.RTOL:g}*|plain|)"
+        for e in result["evals"]
+        for c in e["eval"] + [e["train_mode"]]
+        if not c["within"]
+    ]
+    problems += [
+        f"after eval forwards following step {e['after_steps']}: {v}"
+        for e, lines in zip(result["evals"], result["lifecycle"])
+        for v in lines
+    ]
     problems += [f"after step {s}: {v}" for s, lines in enumerate(result["lifecycle_after_steps"]) for v in lines]
     result["missing"], result["weights"] = [], []
     problems += fb.parity_problems(result, "training interleaved with eval forwards")

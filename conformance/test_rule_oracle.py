@@ -10,6 +10,7 @@ and configs, derandomised unless ``--zero3-seed`` is given.  One world runs them
 built per example); the parent judges the records, so each contract below reads the same run.  A
 failing example is shrunk (greedily, one world per candidate) and printed as a pasteable reproducer.
 """
+
 from __future__ import annotations
 
 
@@ -30,37 +31,90 @@ def _layer(width: int) -> int:
     return width * width + width
 
 
-def _spec(blocks, zero, width=4, frozen=(), tied=False, reentrant=False, early_stop=True, switch_at=None,
-          eval_at=None, grad_acc=1, steps=4):
-    return {"width": width, "blocks": list(blocks), "frozen": list(frozen), "tied": tied, "reentrant": reentrant,
-            "early_stop": early_stop, "switch_at": switch_at, "eval_at": eval_at, "grad_acc": grad_acc,
-            "steps": steps, "zero": dict(zero)}
+def _spec(
+    blocks,
+    zero,
+    width=4,
+    frozen=(),
+    tied=False,
+    reentrant=False,
+    early_stop=True,
+    switch_at=None,
+    eval_at=None,
+    grad_acc=1,
+    steps=4,
+):
+    return {
+        "width": width,
+        "blocks": list(blocks),
+        "frozen": list(frozen),
+        "tied": tied,
+        "reentrant": reentrant,
+        "early_stop": early_stop,
+        "switch_at": switch_at,
+        "eval_at": eval_at,
+        "grad_acc": grad_acc,
+        "steps": steps,
+        "zero": dict(zero),
+    }
 
 
 L4 = _layer(4)
 #: One example aimed at each rule; they run on every invocation, before the generated ones.
 ANCHORS = [
     # rule-b/f: distance 0 with a prefetch of one layer: each layer leaves when its forward ends
-    _spec(["linear"] * 3, {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": L4,
-                           "stage3_param_persistence_threshold": 0}),
+    _spec(
+        ["linear"] * 3,
+        {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": L4, "stage3_param_persistence_threshold": 0},
+    ),
     # rule-c: a window of exactly two layers (in backward, the tied weight's reuse by ``inp`` is the first
     # module past it), then one element more
-    _spec(["linear"] * 2, {"stage3_max_reuse_distance": 2 * L4, "stage3_prefetch_bucket_size": 0,
-                           "stage3_param_persistence_threshold": 0}, tied=True),
-    _spec(["linear"] * 3, {"stage3_max_reuse_distance": 2 * L4 + 1, "stage3_prefetch_bucket_size": 0,
-                           "stage3_param_persistence_threshold": 0}),
+    _spec(
+        ["linear"] * 2,
+        {
+            "stage3_max_reuse_distance": 2 * L4,
+            "stage3_prefetch_bucket_size": 0,
+            "stage3_param_persistence_threshold": 0,
+        },
+        tied=True,
+    ),
+    _spec(
+        ["linear"] * 3,
+        {
+            "stage3_max_reuse_distance": 2 * L4 + 1,
+            "stage3_prefetch_bucket_size": 0,
+            "stage3_param_persistence_threshold": 0,
+        },
+    ),
     # rule-e: biases persistent, everything else released at once
-    _spec(["linear", "twice"], {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0,
-                                "stage3_param_persistence_threshold": 4}),
+    _spec(
+        ["linear", "twice"],
+        {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 4},
+    ),
     # rule-a: non-reentrant checkpoint over a frozen block, and a trainable one
-    _spec(["ckpt", "ckpt", "linear"], {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": L4,
-                                       "stage3_param_persistence_threshold": 0}, frozen=[0]),
+    _spec(
+        ["ckpt", "ckpt", "linear"],
+        {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": L4, "stage3_param_persistence_threshold": 0},
+        frozen=[0],
+    ),
     # rule-d: a huge bucket capped by stage3_max_live_parameters
-    _spec(["linear"] * 4, {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10**9,
-                           "stage3_max_live_parameters": 2 * L4, "stage3_param_persistence_threshold": 0}),
+    _spec(
+        ["linear"] * 4,
+        {
+            "stage3_max_reuse_distance": 0,
+            "stage3_prefetch_bucket_size": 10**9,
+            "stage3_max_live_parameters": 2 * L4,
+            "stage3_param_persistence_threshold": 0,
+        },
+    ),
     # rule-g: a z3 leaf, containers, an eval forward and an order switch
-    _spec(["leaf", "nested", "switch"], {"stage3_prefetch_bucket_size": L4, "stage3_param_persistence_threshold": 0},
-          switch_at=2, eval_at=1, steps=5),
+    _spec(
+        ["leaf", "nested", "switch"],
+        {"stage3_prefetch_bucket_size": L4, "stage3_param_persistence_threshold": 0},
+        switch_at=2,
+        eval_at=1,
+        steps=5,
+    ),
 ]
 
 
@@ -72,31 +126,53 @@ def specs(draw):
     blocks = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=4))
     distance = draw(st.sampled_from(["zero", "boundary", "below", "above", "few", "default"]))
     k = draw(st.integers(1, 3))
-    zero = {"stage3_max_reuse_distance": {"zero": 0, "boundary": k * layer, "below": k * layer - 1,
-                                          "above": k * layer + 1, "few": 4 * layer, "default": 10**9}[distance],
-            "stage3_prefetch_bucket_size": draw(st.sampled_from([0, layer - 1, layer, 3 * layer, 10**9])),
-            "stage3_param_persistence_threshold": draw(st.sampled_from([0, 0, width, layer]))}
+    zero = {
+        "stage3_max_reuse_distance": {
+            "zero": 0,
+            "boundary": k * layer,
+            "below": k * layer - 1,
+            "above": k * layer + 1,
+            "few": 4 * layer,
+            "default": 10**9,
+        }[distance],
+        "stage3_prefetch_bucket_size": draw(st.sampled_from([0, layer - 1, layer, 3 * layer, 10**9])),
+        "stage3_param_persistence_threshold": draw(st.sampled_from([0, 0, width, layer])),
+    }
     if draw(st.booleans()):
         zero["stage3_max_live_parameters"] = draw(st.sampled_from([layer, 3 * layer]))
     steps = draw(st.integers(3, 5))
-    return _spec(blocks, zero, width=width,
-                 frozen=sorted(draw(st.sets(st.integers(0, len(blocks) - 1), max_size=2))),
-                 tied=draw(st.booleans()), reentrant=draw(st.booleans()), early_stop=draw(st.booleans()),
-                 switch_at=draw(st.sampled_from([None, 2])) if "switch" in blocks else None,
-                 eval_at=draw(st.sampled_from([None, None, 1, steps - 1])), grad_acc=draw(st.sampled_from([1, 1, 2])),
-                 steps=steps)
+    return _spec(
+        blocks,
+        zero,
+        width=width,
+        frozen=sorted(draw(st.sets(st.integers(0, len(blocks) - 1), max_size=2))),
+        tied=draw(st.booleans()),
+        reentrant=draw(st.booleans()),
+        early_stop=draw(st.booleans()),
+        switch_at=draw(st.sampled_from([None, 2])) if "switch" in blocks else None,
+        eval_at=draw(st.sampled_from([None, None, 1, steps - 1])),
+        grad_acc=draw(st.sampled_from([1, 1, 2])),
+        steps=steps,
+    )
 
 
 def draw_examples(n: int, seed) -> list:
     """``n`` examples from :func:`specs`, the same on every call with the same ``n`` and ``seed``."""
     out = []
 
-    @settings(max_examples=max(n, 1), database=None, derandomize=seed is None, phases=[Phase.generate],
-              deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max(n, 1),
+        database=None,
+        derandomize=seed is None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(specs())
     def collect(spec):
         if len(out) < n and spec not in out:
             out.append(spec)
+
     if seed is not None:
         collect = hypothesis_seed(seed)(collect)
     if n > 0:
@@ -117,7 +193,7 @@ def _run(zero3_world, config) -> tuple:
         examples = ANCHORS + draw_examples(n, seed)
         per_rank = None
         for start in range(0, len(examples), CHUNK):  # one world per chunk: each stays within the timeout
-            chunk = zero3_world.run(f.run_batch, examples[start:start + CHUNK])
+            chunk = zero3_world.run(f.run_batch, examples[start : start + CHUNK])
             per_rank = chunk if per_rank is None else [a + b for a, b in zip(per_rank, chunk)]
         _RUNS[key] = (examples, per_rank, seed)
     return _RUNS[key]
@@ -146,12 +222,19 @@ def _shrink(zero3_world, rule: str, spec: dict, limit: int) -> tuple:
     def candidates(s):
         for i in range(len(s["blocks"])):
             if len(s["blocks"]) > 1:
-                blocks = s["blocks"][:i] + s["blocks"][i + 1:]
+                blocks = s["blocks"][:i] + s["blocks"][i + 1 :]
                 frozen = [j - (j > i) for j in s["frozen"] if j != i]
-                yield dict(s, blocks=blocks, frozen=frozen,
-                           switch_at=s["switch_at"] if "switch" in blocks else None)
-        for key, simple in (("frozen", []), ("tied", False), ("eval_at", None), ("switch_at", None),
-                            ("grad_acc", 1), ("early_stop", True), ("reentrant", False), ("steps", 3)):
+                yield dict(s, blocks=blocks, frozen=frozen, switch_at=s["switch_at"] if "switch" in blocks else None)
+        for key, simple in (
+            ("frozen", []),
+            ("tied", False),
+            ("eval_at", None),
+            ("switch_at", None),
+            ("grad_acc", 1),
+            ("early_stop", True),
+            ("reentrant", False),
+            ("steps", 3),
+        ):
             if s[key] != simple:
                 yield dict(s, **{key: simple})
         if "stage3_max_live_parameters" in s["zero"]:
@@ -171,14 +254,21 @@ def _shrink(zero3_world, rule: str, spec: dict, limit: int) -> tuple:
 
 def check_rule(zero3_world, request, rule: str) -> None:
     examples, results, seed = _run(zero3_world, request.config)
-    failing = [(i, bad) for i, spec in enumerate(examples)
-               for bad in [_of_rule(rule, [rank_results[i] for rank_results in results])] if bad]
+    failing = [
+        (i, bad)
+        for i, spec in enumerate(examples)
+        for bad in [_of_rule(rule, [rank_results[i] for rank_results in results])]
+        if bad
+    ]
     if not failing:
         return
     index, bad = failing[0]
-    lines = [f"{rule} ({rules.RULES[rule]}) fails in {len(failing)} of {len(examples)} examples "
-             f"(examples {[i for i, _ in failing]}; {len(ANCHORS)} anchors first; seed "
-             f"{'derandomised' if seed is None else seed}).", f"First failing example, {index}:"]
+    lines = [
+        f"{rule} ({rules.RULES[rule]}) fails in {len(failing)} of {len(examples)} examples "
+        f"(examples {[i for i, _ in failing]}; {len(ANCHORS)} anchors first; seed "
+        f"{'derandomised' if seed is None else seed}).",
+        f"First failing example, {index}:",
+    ]
     for rank, violations in bad:
         lines += [f"  rank {rank}: {v}" for v in violations[:6]]
         if len(violations) > 6:
@@ -189,18 +279,20 @@ def check_rule(zero3_world, request, rule: str) -> None:
 
 
 @pytest.mark.zero3_timeout(600)
-@pytest.mark.parametrize("rule", [
-    pytest.param("rule-a", marks=pytest.mark.zero3_contract("rule-a"), id="rule-a"),
-    pytest.param("rule-b", marks=pytest.mark.zero3_contract("rule-b"), id="rule-b"),
-    pytest.param("rule-c", marks=pytest.mark.zero3_contract("rule-c"), id="rule-c"),
-    pytest.param("rule-d", marks=pytest.mark.zero3_contract("rule-d"), id="rule-d"),
-    pytest.param("rule-e", marks=pytest.mark.zero3_contract("rule-e"), id="rule-e"),
-    pytest.param("rule-f", marks=pytest.mark.zero3_contract("rule-f"), id="rule-f"),
-    pytest.param("rule-g", marks=pytest.mark.zero3_contract("rule-g"), id="rule-g"),
-])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        pytest.param("rule-a", marks=pytest.mark.zero3_contract("rule-a"), id="rule-a"),
+        pytest.param("rule-b", marks=pytest.mark.zero3_contract("rule-b"), id="rule-b"),
+        pytest.param("rule-c", marks=pytest.mark.zero3_contract("rule-c"), id="rule-c"),
+        pytest.param("rule-d", marks=pytest.mark.zero3_contract("rule-d"), id="rule-d"),
+        pytest.param("rule-e", marks=pytest.mark.zero3_contract("rule-e"), id="rule-e"),
+        pytest.param("rule-f", marks=pytest.mark.zero3_contract("rule-f"), id="rule-f"),
+        pytest.param("rule-g", marks=pytest.mark.zero3_contract("rule-g"), id="rule-g"),
+    ],
+)
 def test_rule(zero3_world, request, rule):
     """Why: the hand-written contracts pin the four historical bugs; these pin the rules themselves,
     judged at every hook event, where DeepSpeed's end-of-backward and end-of-step safety nets have not
     cleaned up yet."""
     check_rule(zero3_world, request, rule)
-

@@ -17,6 +17,7 @@ search path is extended with the repository root, which makes the same import na
 
 Importing this package imports neither torch nor deepspeed.
 """
+
 import os as _os
 
 __version__ = "0.1.0"

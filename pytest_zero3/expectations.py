@@ -9,6 +9,7 @@ TOML, comments allowed::
 A listed failure does not fail the run; a listed contract that passes is an "unexpected pass"
 (an error under ``--zero3-strict``); an ID that matches no collected contract is a warning.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,12 +32,15 @@ def load(path) -> dict:
     except FileNotFoundError:
         raise pytest.UsageError(f"--zero3-expect={path}: no such file.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise pytest.UsageError(f"--zero3-expect={path}: not valid TOML ({exc}). Write one line per contract "
-                                "under [expected_failures]: \"000-a\" = \"reason\".") from None
+        raise pytest.UsageError(
+            f"--zero3-expect={path}: not valid TOML ({exc}). Write one line per contract "
+            'under [expected_failures]: "000-a" = "reason".'
+        ) from None
     table = data.get("expected_failures")
     if not isinstance(table, dict):
-        raise pytest.UsageError(f"--zero3-expect={path}: needs an [expected_failures] table of "
-                                "\"contract-id\" = \"reason\" lines.")
+        raise pytest.UsageError(
+            f'--zero3-expect={path}: needs an [expected_failures] table of "contract-id" = "reason" lines.'
+        )
     bad = [k for k, v in table.items() if not isinstance(v, str) or not v.strip()]
     if bad:
         raise pytest.UsageError(f"--zero3-expect={path}: give a non-empty reason string for {', '.join(bad)}.")

@@ -14,6 +14,7 @@ The SPEC is chosen once per pytest run and every rank reaches it through this mo
     installed deepspeed, with the reference's fixes outside the coordinator (``FWD_MODULE_STACK``
     holding modules after ``destroy()``; the adaptive-prefetch config keys) installed around it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,9 +48,12 @@ class Spec:
 
     @property
     def label(self) -> str:
-        return {"installed": "installed deepspeed", "reference": "reference coordinator",
-                "fork": f"deepspeed fork at {self.fork_dir}",
-                "class": f"coordinator class {self.module}:{self.cls_name}"}[self.kind]
+        return {
+            "installed": "installed deepspeed",
+            "reference": "reference coordinator",
+            "fork": f"deepspeed fork at {self.fork_dir}",
+            "class": f"coordinator class {self.module}:{self.cls_name}",
+        }[self.kind]
 
 
 def parse(text: str) -> Spec:
@@ -64,19 +68,25 @@ def parse(text: str) -> Spec:
         if module.endswith(".py"):
             path = os.path.abspath(module)
             if not os.path.isfile(path):
-                raise SpecError(f"--zero3-impl={text!r}: file {module!r} does not exist. "
-                                "Give the path of the .py file that defines the coordinator class.")
+                raise SpecError(
+                    f"--zero3-impl={text!r}: file {module!r} does not exist. "
+                    "Give the path of the .py file that defines the coordinator class."
+                )
             module = path
         return Spec(text, "class", module=module, cls_name=cls_name)
     path = os.path.abspath(text)
     if not os.path.exists(path):
-        raise SpecError(f"--zero3-impl={text!r}: no such path. Use 'installed', 'reference', a DeepSpeed "
-                        "checkout directory, or 'module:Class' / 'file.py:Class'.")
+        raise SpecError(
+            f"--zero3-impl={text!r}: no such path. Use 'installed', 'reference', a DeepSpeed "
+            "checkout directory, or 'module:Class' / 'file.py:Class'."
+        )
     if not os.path.isdir(path):
         raise SpecError(f"--zero3-impl={text!r} is a file; for a coordinator class write '{text}:ClassName'.")
     if not os.path.isfile(os.path.join(path, "deepspeed", "__init__.py")):
-        raise SpecError(f"--zero3-impl={text!r}: directory has no 'deepspeed/__init__.py'. Point it at the root "
-                        "of a DeepSpeed checkout (the directory that contains the 'deepspeed' package).")
+        raise SpecError(
+            f"--zero3-impl={text!r}: directory has no 'deepspeed/__init__.py'. Point it at the root "
+            "of a DeepSpeed checkout (the directory that contains the 'deepspeed' package)."
+        )
     return Spec(text, "fork", fork_dir=path)
 
 
@@ -93,6 +103,7 @@ def extensions_dir(spec: Spec) -> str:
     per package path keeps a fork and the installed package from rebuilding each other's op.
     """
     import zlib
+
     info = describe_without_import(spec)
     tag = f"deepspeed-{info.get('deepspeed', 'unknown')}-{zlib.crc32(info.get('deepspeed_path', '').encode()):08x}"
     return os.path.join(os.path.expanduser("~"), ".cache", "pytest-zero3", "torch_extensions", tag)
@@ -115,15 +126,20 @@ def check_version(spec: Spec) -> None:
     have = _release(found)
     if have is None or have >= _release(need):
         return  # an unreadable version is reported in the header, not guessed at
-    what = {"reference": "the reference coordinator", "class": "a coordinator class (it runs inside the reference's "
-            "fixes)"}.get(spec.kind, "pytest-zero3")
-    raise SpecError(f"--zero3-impl={spec.text!r}: {what} needs deepspeed >= {need}, found {found}. "
-                    f"Install a newer one (pip install 'deepspeed>={need}').")
+    what = {
+        "reference": "the reference coordinator",
+        "class": "a coordinator class (it runs inside the reference's fixes)",
+    }.get(spec.kind, "pytest-zero3")
+    raise SpecError(
+        f"--zero3-impl={spec.text!r}: {what} needs deepspeed >= {need}, found {found}. "
+        f"Install a newer one (pip install 'deepspeed>={need}')."
+    )
 
 
 def _release(version: str):
     """``(major, minor, patch)`` of a version string, or None when it does not start with one."""
     import re
+
     match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
     return tuple(int(x or 0) for x in match.groups()) if match else None
 
@@ -143,8 +159,9 @@ def load_class(spec: Spec):
             mod = importlib.import_module(spec.module)
     except Exception as exc:  # the user's module: any import failure is a usage error
         sys.modules.pop("pytest_zero3_impl_" + os.path.splitext(os.path.basename(spec.module))[0], None)
-        raise SpecError(f"--zero3-impl={spec.text!r}: importing {spec.module!r} failed: "
-                        f"{type(exc).__name__}: {exc}") from exc
+        raise SpecError(
+            f"--zero3-impl={spec.text!r}: importing {spec.module!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     obj = getattr(mod, spec.cls_name, None)
     if obj is None:
         raise SpecError(f"--zero3-impl={spec.text!r}: {spec.module!r} has no attribute {spec.cls_name!r}.")
@@ -152,8 +169,10 @@ def load_class(spec: Spec):
         raise SpecError(f"--zero3-impl={spec.text!r}: {spec.cls_name!r} is a {type(obj).__name__}, not a class.")
     missing = protocol.missing_methods(obj)
     if missing:
-        raise SpecError(f"--zero3-impl={spec.text!r}: {spec.cls_name} lacks coordinator methods: "
-                        f"{', '.join(missing)}. See pytest_zero3/protocol.py for what DeepSpeed calls.")
+        raise SpecError(
+            f"--zero3-impl={spec.text!r}: {spec.cls_name} lacks coordinator methods: "
+            f"{', '.join(missing)}. See pytest_zero3/protocol.py for what DeepSpeed calls."
+        )
     return obj
 
 
@@ -161,12 +180,14 @@ def apply(spec: Spec) -> None:
     """Install the implementation in this process.  Called in every rank before the scenario runs."""
     if spec.kind == "reference":
         from pytest_zero3 import reference_impl
+
         reference_impl.install()
     elif spec.kind == "class":
         # The class replaces the name parameter_offload constructs (it imported the class by name, so
         # patching the defining module would have no effect), with the reference's fixes around the
         # coordinator, so the contracts judge the class and not DeepSpeed's leaks elsewhere.
         from pytest_zero3 import reference_impl
+
         reference_impl.install(coordinator=load_class(spec))
 
 
@@ -174,12 +195,14 @@ def identity() -> dict:
     """What this process actually runs: deepspeed version and path, coordinator class, torch."""
     import torch
     import torch.distributed as dist
+
     info = {"torch": str(torch.__version__)}
     if dist.is_available() and dist.is_initialized():
         info["backend"] = str(dist.get_backend())
     try:
         import deepspeed
         from deepspeed.runtime.zero import parameter_offload
+
         cls = parameter_offload.PartitionedParameterCoordinator
         path = os.path.dirname(deepspeed.__file__)
         version = _checkout_version(path) or str(deepspeed.__version__)  # a checkout says 0.0.0 itself
@@ -192,6 +215,7 @@ def identity() -> dict:
 def describe_without_import(spec: Spec) -> dict:
     """Header facts found without importing deepspeed: version and the path it will import from."""
     from importlib import metadata
+
     info = {"spec": spec.text, "impl": spec.label}
     try:
         info["torch"] = metadata.version("torch")
@@ -212,6 +236,7 @@ def describe_without_import(spec: Spec) -> dict:
 def _deepspeed_version(package_dir: str) -> str:
     """The version of the deepspeed package in ``package_dir``, read from its files, not imported."""
     import re
+
     checkout = _checkout_version(package_dir)
     if checkout:
         return checkout

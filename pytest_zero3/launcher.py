@@ -16,6 +16,7 @@ wait forever, whatever the scenario did on one of them:
 * when the launcher stops this process (SIGTERM, sent when another rank's process ended), pytest
   ends as on Ctrl-C, with the reason, instead of dying silently.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,6 +70,7 @@ class LauncherWorld:
 
     def run(self, fn: Callable, *args, **kwargs) -> list:
         from pytest_zero3.world import settle
+
         outcomes = self.outcomes(fn, *args, **kwargs)
         if self._on_outcomes is not None:
             self._on_outcomes(outcomes)
@@ -81,8 +83,9 @@ class LauncherWorld:
         self._calls += 1
         r = rank()
         start = time.monotonic()
-        mine = _call_with_watchdog(r, _in_fresh_group, (key, self.backend, self.timeout, store, fn, args, kwargs),
-                                   {}, self.timeout)
+        mine = _call_with_watchdog(
+            r, _in_fresh_group, (key, self.backend, self.timeout, store, fn, args, kwargs), {}, self.timeout
+        )
         if r == 0:
             mine.identity = _identity()
         deadline = max(start + self.timeout, time.monotonic()) + EXCHANGE_GRACE
@@ -120,6 +123,7 @@ def _in_fresh_group(key: str, backend: str, timeout: float, store, fn, args, kwa
     (after ``timeout``, the process group's timeout too) instead of pairing with a later one.
     """
     import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
     # Group names come from a counter that must agree across ranks; a failed join counted a group
@@ -127,11 +131,18 @@ def _in_fresh_group(key: str, backend: str, timeout: float, store, fn, args, kwa
     dist.distributed_c10d._world.group_count = 0
     _forget_deepspeed_groups()
     try:
-        dist.init_process_group(backend, store=dist.PrefixStore(f"{GROUP_PREFIX}/{key}", store), rank=rank(),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"{GROUP_PREFIX}/{key}", store),
+            rank=rank(),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=datetime.timedelta(seconds=timeout),
+        )
     except Exception as exc:
-        raise RuntimeError(f"rank {rank()} could not join this scenario's process group within {timeout:g} s: "
-                           f"another rank did not arrive ({type(exc).__name__}: {exc})") from None
+        raise RuntimeError(
+            f"rank {rank()} could not join this scenario's process group within {timeout:g} s: "
+            f"another rank did not arrive ({type(exc).__name__}: {exc})"
+        ) from None
     return fn(*args, **kwargs)
 
 
@@ -166,10 +177,16 @@ def exchange(store, key: str, mine: RankOutcome, size: int, deadline: float, tim
         missing = [f"{key}/{r}" for r in range(size) if r not in got]
         with contextlib.suppress(RuntimeError):  # DistStoreError: this slice ended without them
             store.wait(missing, datetime.timedelta(seconds=min(1.0, left)))
-    return [got.get(r) or RankOutcome(
-        r, HUNG, message=f"did not report an outcome within the {timeout:g} s timeout (its scenario never ended "
-                         "or never started there; raise the timeout with --zero3-timeout if it is only slow)")
-        for r in range(size)]
+    return [
+        got.get(r)
+        or RankOutcome(
+            r,
+            HUNG,
+            message=f"did not report an outcome within the {timeout:g} s timeout (its scenario never ended "
+            "or never started there; raise the timeout with --zero3-timeout if it is only slow)",
+        )
+        for r in range(size)
+    ]
 
 
 def _call_with_watchdog(r: int, fn, args, kwargs, timeout: float) -> RankOutcome:
@@ -213,6 +230,7 @@ def _current_test() -> str:
 def _identity() -> dict:
     try:
         from pytest_zero3 import impl
+
         return impl.identity()
     except Exception:
         return {}
@@ -230,8 +248,10 @@ def _install_stop_handler() -> None:
 
     def on_term(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise LauncherStopped(f"pytest on rank {rank()} received {signal.Signals(signum).name} from the launcher, "
-                              "usually because another rank's process ended: see the launcher's report of the "
-                              "failed rank")
+        raise LauncherStopped(
+            f"pytest on rank {rank()} received {signal.Signals(signum).name} from the launcher, "
+            "usually because another rank's process ended: see the launcher's report of the "
+            "failed rank"
+        )
 
     signal.signal(signal.SIGTERM, on_term)

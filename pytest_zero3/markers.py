@@ -1,4 +1,5 @@
 """The markers pytest-zero3 registers, and reading them from test items."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,10 @@ def contract(item):
     where = f"{item.nodeid}: @pytest.mark.zero3_contract"
     unknown = sorted(set(mark.kwargs) - set(CONTRACT_KEYWORDS))
     if unknown:
-        raise MarkerError(f"{where}: unknown keyword {', '.join(unknown)}; it takes id= and statement= "
-                          "(family, source and world size come from conformance/contracts.toml).")
+        raise MarkerError(
+            f"{where}: unknown keyword {', '.join(unknown)}; it takes id= and statement= "
+            "(family, source and world size come from conformance/contracts.toml)."
+        )
     if len(mark.args) > len(CONTRACT_KEYWORDS):
         raise MarkerError(f"{where}: takes the ID and an optional statement, got {len(mark.args)} arguments.")
     values = dict(zip(CONTRACT_KEYWORDS, mark.args))
@@ -50,12 +53,14 @@ def contract(item):
     values.update(mark.kwargs)
     cid = values.get("id")
     if not isinstance(cid, str) or not cid:
-        raise MarkerError(f"{where}: give the contract ID, e.g. zero3_contract(\"000-a\").")
+        raise MarkerError(f'{where}: give the contract ID, e.g. zero3_contract("000-a").')
     known = registry.load().get(cid)
     statement = values.get("statement") or (known.statement if known else None)
     if not statement:
-        raise MarkerError(f"{where}: {cid!r} is not in conformance/contracts.toml; register it there, or give "
-                          "the contract's one-line statement=\"...\" in the marker.")
+        raise MarkerError(
+            f"{where}: {cid!r} is not in conformance/contracts.toml; register it there, or give "
+            'the contract\'s one-line statement="..." in the marker.'
+        )
     return cid, str(statement)
 
 

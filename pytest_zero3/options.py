@@ -3,6 +3,7 @@
 Every bad value is turned into a :class:`pytest.UsageError` at configure time, before collection and
 before any world starts, with a message that names the fix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,41 +17,105 @@ from pytest_zero3 import impl, spawner
 DEFAULT_TIMEOUT = 180.0
 DEFAULT_STARTUP_TIMEOUT = spawner.DEFAULT_STARTUP_TIMEOUT
 #: Option dest -> default, for every option of the group (see :func:`asked`).
-DEFAULTS = dict(zero3_impl="installed", zero3_world_size=2, zero3_backend="auto", zero3_timeout=DEFAULT_TIMEOUT,
-                zero3_startup_timeout=DEFAULT_STARTUP_TIMEOUT, zero3_select=None, zero3_report=None, zero3_report_md=None, zero3_expect=None, zero3_strict=False)
+DEFAULTS = dict(
+    zero3_impl="installed",
+    zero3_world_size=2,
+    zero3_backend="auto",
+    zero3_timeout=DEFAULT_TIMEOUT,
+    zero3_startup_timeout=DEFAULT_STARTUP_TIMEOUT,
+    zero3_select=None,
+    zero3_report=None,
+    zero3_report_md=None,
+    zero3_expect=None,
+    zero3_strict=False,
+)
 
 
 def add_options(parser) -> None:
     group = parser.getgroup("zero3", "ZeRO-3 conformance (pytest-zero3)")
-    group.addoption("--zero3-impl", default="installed", metavar="SPEC",
-                    help="Implementation under test: 'installed' (default), 'reference', a DeepSpeed checkout "
-                         "directory, or a coordinator class as 'module.path:Class' or 'path/to/file.py:Class'.")
-    group.addoption("--zero3-world-size", type=int, default=2, metavar="N",
-                    help="Number of ranks in each scenario's world (default 2).")
-    group.addoption("--zero3-backend", default="auto", choices=("auto", "gloo", "nccl"),
-                    help="torch.distributed backend: auto picks nccl when there are at least N GPUs, else gloo.")
-    group.addoption("--zero3-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                    help=f"Seconds one scenario may run before its ranks are reported hung (default {DEFAULT_TIMEOUT:g}).")
-    group.addoption("--zero3-startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT, metavar="SECONDS",
-                    help="Seconds the forkserver that preloads torch and deepspeed may take to become ready, "
-                         f"a budget of its own, never taken from a scenario's (default {DEFAULT_STARTUP_TIMEOUT:g}).")
-    group.addoption("--zero3-select", default=None, metavar="IDS",
-                    help="Run only the contracts whose ID starts with one of these comma-separated prefixes "
-                         "(e.g. '000,001-a').")
-    group.addoption("--zero3-report", default=None, metavar="PATH",
-                    help="Write the conformance results as JSON to PATH.")
-    group.addoption("--zero3-report-md", default=None, metavar="PATH",
-                    help="Write the conformance results as Markdown to PATH (for a CI job summary).")
-    group.addoption("--zero3-expect", default=None, metavar="FILE",
-                    help="TOML file of contract IDs known to fail for this implementation, each with a reason.")
-    group.addoption("--zero3-strict", action="store_true", default=False,
-                    help="Fail the run when a contract listed in --zero3-expect unexpectedly passes.")
-    group.addoption("--zero3-examples", type=int, default=None, metavar="N",
-                    help="Generated examples per run of the rule family (default: its small CI budget).")
-    group.addoption("--zero3-seed", type=int, default=None, metavar="S",
-                    help="Seed of the rule family's generated examples (default: a fixed derandomised one).")
-    group.addoption("--zero3-shrink", type=int, default=6, metavar="N",
-                    help="Worlds the rule family may start to shrink a failing example (0: report it unshrunk).")
+    group.addoption(
+        "--zero3-impl",
+        default="installed",
+        metavar="SPEC",
+        help="Implementation under test: 'installed' (default), 'reference', a DeepSpeed checkout "
+        "directory, or a coordinator class as 'module.path:Class' or 'path/to/file.py:Class'.",
+    )
+    group.addoption(
+        "--zero3-world-size",
+        type=int,
+        default=2,
+        metavar="N",
+        help="Number of ranks in each scenario's world (default 2).",
+    )
+    group.addoption(
+        "--zero3-backend",
+        default="auto",
+        choices=("auto", "gloo", "nccl"),
+        help="torch.distributed backend: auto picks nccl when there are at least N GPUs, else gloo.",
+    )
+    group.addoption(
+        "--zero3-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"Seconds one scenario may run before its ranks are reported hung (default {DEFAULT_TIMEOUT:g}).",
+    )
+    group.addoption(
+        "--zero3-startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT,
+        metavar="SECONDS",
+        help="Seconds the forkserver that preloads torch and deepspeed may take to become ready, "
+        f"a budget of its own, never taken from a scenario's (default {DEFAULT_STARTUP_TIMEOUT:g}).",
+    )
+    group.addoption(
+        "--zero3-select",
+        default=None,
+        metavar="IDS",
+        help="Run only the contracts whose ID starts with one of these comma-separated prefixes (e.g. '000,001-a').",
+    )
+    group.addoption(
+        "--zero3-report", default=None, metavar="PATH", help="Write the conformance results as JSON to PATH."
+    )
+    group.addoption(
+        "--zero3-report-md",
+        default=None,
+        metavar="PATH",
+        help="Write the conformance results as Markdown to PATH (for a CI job summary).",
+    )
+    group.addoption(
+        "--zero3-expect",
+        default=None,
+        metavar="FILE",
+        help="TOML file of contract IDs known to fail for this implementation, each with a reason.",
+    )
+    group.addoption(
+        "--zero3-strict",
+        action="store_true",
+        default=False,
+        help="Fail the run when a contract listed in --zero3-expect unexpectedly passes.",
+    )
+    group.addoption(
+        "--zero3-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Generated examples per run of the rule family (default: its small CI budget).",
+    )
+    group.addoption(
+        "--zero3-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="Seed of the rule family's generated examples (default: a fixed derandomised one).",
+    )
+    group.addoption(
+        "--zero3-shrink",
+        type=int,
+        default=6,
+        metavar="N",
+        help="Worlds the rule family may start to shrink a failing example (0: report it unshrunk).",
+    )
 
 
 @dataclasses.dataclass
@@ -84,8 +149,10 @@ def settings_from(config) -> Settings:
     if backend == "nccl":
         gpus = gpu_count()
         if gpus < size:
-            raise pytest.UsageError(f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
-                                    f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size.")
+            raise pytest.UsageError(
+                f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
+                f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
+            )
     return Settings(spec, size, backend, timeout, startup)
 
 

@@ -4,6 +4,7 @@ A rank writes exactly one :class:`RankOutcome` (pickled) when its scenario retur
 that hangs or dies writes none, and the parent fills in what it observed (exit code, signal, the
 faulthandler stack).  Everything here is plain data so it pickles across the process boundary.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,13 +27,24 @@ class Outcome(str, enum.Enum):
     @property
     def label(self) -> str:
         """How the terminal and Markdown tables show it."""
-        return {"fail": "FAIL", "known_failure": "known failure", "unexpected_pass": "unexpected pass",
-                "not_run": "not run"}.get(self.value, self.value)
+        return {
+            "fail": "FAIL",
+            "known_failure": "known failure",
+            "unexpected_pass": "unexpected pass",
+            "not_run": "not run",
+        }.get(self.value, self.value)
 
 
 #: Worst first: a contract row shows its worst test.
-SEVERITY = (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.UNEXPECTED_PASS, Outcome.UNSUPPORTED,
-            Outcome.SKIPPED, Outcome.PASS, Outcome.NOT_RUN)
+SEVERITY = (
+    Outcome.FAIL,
+    Outcome.KNOWN_FAILURE,
+    Outcome.UNEXPECTED_PASS,
+    Outcome.UNSUPPORTED,
+    Outcome.SKIPPED,
+    Outcome.PASS,
+    Outcome.NOT_RUN,
+)
 
 # A rank's status in one scenario run (also stable lowercase words in the report's "ranks").
 PASSED = "passed"
@@ -89,8 +101,9 @@ def failure_text(outcomes: List[RankOutcome], title: str) -> str:
     Ranks that failed identically (as with :func:`pytest_zero3.scenario.agree`) are shown once.
     """
     lines = [title, ""]
-    lines += [f"  rank {o.rank}: {o.status}" + (f": {o.message.splitlines()[0]}" if o.message else "")
-              for o in outcomes]
+    lines += [
+        f"  rank {o.rank}: {o.status}" + (f": {o.message.splitlines()[0]}" if o.message else "") for o in outcomes
+    ]
     lines.append("")
     groups = {}
     for o in outcomes:
@@ -122,8 +135,9 @@ def _trim_harness_frames(stack: str) -> str:
     lines = stack.splitlines()
     if lines and lines[0].startswith("Traceback"):
         return stack  # a Python traceback: the rank already left out its own frame
-    return "\n".join(line for line in lines
-                     if not (line.lstrip().startswith("File ") and any(h in line for h in _HARNESS_FRAMES)))
+    return "\n".join(
+        line for line in lines if not (line.lstrip().startswith("File ") and any(h in line for h in _HARNESS_FRAMES))
+    )
 
 
 def _indent(text: str, pad: str = "    ") -> str:

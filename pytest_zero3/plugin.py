@@ -6,6 +6,7 @@ atexit hooks, output, imports).  Its state lives in one :class:`Zero3Session` re
 (as pytest-xdist registers its session object); it activates when asked or on first use, sets up the
 process when the first world starts, and undoes that at the end of the session.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -33,6 +34,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     early_config.stash[_ASKED] = asked
     if asked and not early_config.known_args_namespace.file_or_dir:
         from pytest_zero3 import registry
+
         args.append(os.path.dirname(registry.path()))
 
 
@@ -64,6 +66,7 @@ class Zero3Session:
         if self.report is not None:
             return
         from pytest_zero3 import impl, report
+
         settings = options.settings_from(self.config)
         if settings.spec.kind == "class":
             # Checked before any world starts; importing the user's module may import deepspeed.
@@ -80,6 +83,7 @@ class Zero3Session:
             return
         self._started = True
         from pytest_zero3 import impl
+
         settings = settings or self.settings
         self._setdefault_env("DS_ACCELERATOR", options.accelerator(backend))
         self._setdefault_env("TORCH_EXTENSIONS_DIR", impl.extensions_dir(settings.spec))
@@ -117,13 +121,23 @@ class Zero3Session:
         backend = options.resolve_backend(settings, size)
         self.start(backend)
         from pytest_zero3 import report
+
         record = report.recorder(request.node)
         if launcher.active():
             return launcher.LauncherWorld(settings.spec, backend, timeout, on_outcomes=record)
         from pytest_zero3.world import World
+
         base = str(tmp_path_factory.mktemp("zero3-world"))
-        return World(size, backend, timeout, settings.spec.text, base, preload=markers.preloads(request.config),
-                     on_outcomes=record, startup_timeout=settings.startup_timeout)
+        return World(
+            size,
+            backend,
+            timeout,
+            settings.spec.text,
+            base,
+            preload=markers.preloads(request.config),
+            on_outcomes=record,
+            startup_timeout=settings.startup_timeout,
+        )
 
     # -- hooks -------------------------------------------------------------------------------------
     def pytest_report_header(self, config):
@@ -150,6 +164,7 @@ class Zero3Session:
     def pytest_report_teststatus(self, report, config):
         if getattr(report, "zero3", None):
             from pytest_zero3 import report as report_mod
+
             return report_mod.teststatus(report)
         return None
 

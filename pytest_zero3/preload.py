@@ -5,6 +5,7 @@ torch.optim pulls in lazily on first use).  The forkserver pays that once; a ran
 starts in milliseconds.  What to load comes from the job payload the parent wrote before the
 forkserver started (:func:`pytest_zero3.spawner.payload_path`).
 """
+
 import faulthandler
 import gc
 import importlib
@@ -16,10 +17,23 @@ import sys
 from pytest_zero3.spawner import payload_path
 
 #: Always loaded: the harness itself and what any ZeRO-3 rank imports.
-BASE = ("pytest", "_pytest.outcomes", "torch", "torch.distributed", "torch.optim", "torch._dynamo", "torch.utils.checkpoint")
+BASE = (
+    "pytest",
+    "_pytest.outcomes",
+    "torch",
+    "torch.distributed",
+    "torch.optim",
+    "torch._dynamo",
+    "torch.utils.checkpoint",
+)
 #: Loaded when importable: deepspeed and the parts it imports lazily during initialize().
-DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.muon.muon_optimizer",
-             "deepspeed.runtime.zero.partition_parameters", "deepspeed.ops.adam")
+DEEPSPEED = (
+    "deepspeed",
+    "deepspeed.runtime.zero.stage3",
+    "deepspeed.runtime.zero.muon.muon_optimizer",
+    "deepspeed.runtime.zero.partition_parameters",
+    "deepspeed.ops.adam",
+)
 
 
 def _load_all() -> None:
@@ -42,6 +56,7 @@ def _load_all() -> None:
     _probe_deepspeed_ops()
     _skip_cpu_shm_comm_op()
     from pytest_zero3 import impl
+
     spec = impl.parse(job["spec"])
     if spec.kind == "class":
         impl.load_class(spec)  # checked in the parent already; imported here so ranks inherit it
@@ -55,6 +70,7 @@ def _probe_deepspeed_ops() -> None:
     """DeepSpeed probes which ops could build (running a C compiler) on first use: do it once, here."""
     try:
         import deepspeed.ops
+
         deepspeed.ops.__compatible_ops__  # noqa: B018 - reading it runs the probe
     except Exception:
         pass
@@ -73,6 +89,7 @@ def _skip_cpu_shm_comm_op() -> None:
     try:
         import deepspeed.ops
         from deepspeed.accelerator import get_accelerator
+
         builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
         if builder is not None:
             deepspeed.ops.__compatible_ops__[builder.NAME] = False

@@ -7,6 +7,7 @@ world's run directory, never through pipes, so a rank that hangs or dies cannot 
 * ``rank<N>.stack``  - faulthandler output: on a fatal signal, and on SIGUSR1 from the parent;
 * ``rank<N>.result`` - the pickled :class:`~pytest_zero3.outcome.RankOutcome`, written atomically.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -48,6 +49,7 @@ def _run(job: dict, rank: int) -> RankOutcome:
     if rank == 0:
         try:
             from pytest_zero3 import impl
+
             outcome.identity = impl.identity()
         except Exception:
             pass
@@ -59,6 +61,7 @@ def _run_scenario(job: dict, rank: int) -> RankOutcome:
         sys.path[:] = job["sys_path"]
         _set_env(job, rank)
         from pytest_zero3 import impl
+
         impl.apply(impl.parse(job["spec"]))
         _join_world(job, rank)
         fn, args, kwargs = pickle.loads(job["call"])
@@ -108,18 +111,31 @@ def ending(rank: int, exc: BaseException) -> RankOutcome:
 
 def _set_env(job: dict, rank: int) -> None:
     size = job["world_size"]
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size), LOCAL_SIZE=str(size),
-                      LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job["port"]))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(size),
+        LOCAL_SIZE=str(size),
+        LOCAL_WORLD_SIZE=str(size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(job["port"]),
+    )
 
 
 def _join_world(job: dict, rank: int) -> None:
     import torch
     import torch.distributed as dist
+
     if job["backend"] == "nccl":
         torch.cuda.set_device(rank)
     store = dist.FileStore(os.path.join(job["run_dir"], "store"), job["world_size"])
-    dist.init_process_group(job["backend"], store=store, rank=rank, world_size=job["world_size"],
-                            timeout=datetime.timedelta(seconds=job["timeout"]))
+    dist.init_process_group(
+        job["backend"],
+        store=store,
+        rank=rank,
+        world_size=job["world_size"],
+        timeout=datetime.timedelta(seconds=job["timeout"]),
+    )
 
 
 def _write_outcome(path: str, outcome: RankOutcome) -> None:

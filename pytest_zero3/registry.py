@@ -4,6 +4,7 @@ One place for what a contract is (family, one-line statement, source, the ranks 
 carry only the ID.  The report lists registered contracts that did not run, and
 ``tests/test_registry.py`` checks that every registered ID has a test and every marker is registered.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,13 @@ def load(file: str = "") -> dict:
         missing = [f for f in FIELDS if f not in entry]
         unknown = sorted(set(entry) - set(FIELDS))
         if missing or unknown:
-            raise ValueError(f"contracts.toml: [contracts.{cid!r}] " + "; ".join(
-                ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown {', '.join(unknown)}"] if unknown else [])))
+            raise ValueError(
+                f"contracts.toml: [contracts.{cid!r}] "
+                + "; ".join(
+                    ([f"lacks {', '.join(missing)}"] if missing else [])
+                    + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
+                )
+            )
         out[cid] = Contract(cid, **{f: entry[f] for f in FIELDS})
     return out
 

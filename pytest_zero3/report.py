@@ -21,6 +21,7 @@ and known_failure), so a report made with an expectations file still shows what 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words);
 version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
 """
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,23 @@ from pytest_zero3.outcome import SEVERITY, Outcome
 
 SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 2
 #: The terminal's and the summary's order.
-SHOWN = (Outcome.PASS, Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.UNEXPECTED_PASS, Outcome.UNSUPPORTED,
-         Outcome.SKIPPED, Outcome.NOT_RUN)
-_COLOURS = {Outcome.FAIL: {"red": True, "bold": True}, Outcome.UNEXPECTED_PASS: {"yellow": True},
-            Outcome.KNOWN_FAILURE: {"yellow": True}, Outcome.UNSUPPORTED: {"cyan": True},
-            Outcome.PASS: {"green": True}, Outcome.NOT_RUN: {"yellow": True}}
+SHOWN = (
+    Outcome.PASS,
+    Outcome.FAIL,
+    Outcome.KNOWN_FAILURE,
+    Outcome.UNEXPECTED_PASS,
+    Outcome.UNSUPPORTED,
+    Outcome.SKIPPED,
+    Outcome.NOT_RUN,
+)
+_COLOURS = {
+    Outcome.FAIL: {"red": True, "bold": True},
+    Outcome.UNEXPECTED_PASS: {"yellow": True},
+    Outcome.KNOWN_FAILURE: {"yellow": True},
+    Outcome.UNSUPPORTED: {"cyan": True},
+    Outcome.PASS: {"green": True},
+    Outcome.NOT_RUN: {"yellow": True},
+}
 
 _OUTCOMES = pytest.StashKey()
 
@@ -55,9 +68,11 @@ class Report:
     def header_lines(self) -> list:
         settings = self.settings
         info = impl.describe_without_import(settings.spec)
-        lines = [f"zero3: impl={info['spec']} ({info['impl']})",
-                 f"zero3: deepspeed {info.get('deepspeed')} from {info.get('deepspeed_path', '?')}, torch {info['torch']}",
-                 f"zero3: backend={settings.backend}, world size={settings.world_size}, timeout={settings.timeout:g}s"]
+        lines = [
+            f"zero3: impl={info['spec']} ({info['impl']})",
+            f"zero3: deepspeed {info.get('deepspeed')} from {info.get('deepspeed_path', '?')}, torch {info['torch']}",
+            f"zero3: backend={settings.backend}, world size={settings.world_size}, timeout={settings.timeout:g}s",
+        ]
         if settings.spec.kind == "class":
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
         return lines
@@ -65,8 +80,10 @@ class Report:
     def check_expectations(self, items) -> None:
         known = {c[0] for c in map(markers.contract, items) if c}
         for cid in sorted(set(self.expected) - known):
-            warnings.warn(pytest.PytestWarning(f"--zero3-expect lists {cid!r}, which matches no collected contract."),
-                          stacklevel=1)
+            warnings.warn(
+                pytest.PytestWarning(f"--zero3-expect lists {cid!r}, which matches no collected contract."),
+                stacklevel=1,
+            )
         for item in items:
             c = markers.contract(item)
             if c:
@@ -77,6 +94,7 @@ class Report:
         from pytest_zero3.outcome import first_failure
         from pytest_zero3.scenario import Unsupported
         from pytest_zero3.world import WorldFailure
+
         if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(WorldFailure):
             rep.longrepr = str(call.excinfo.value)
         c = markers.contract(item)
@@ -110,8 +128,15 @@ class Report:
                 break
         identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE)
-        rep.zero3 = dict(id=cid, statement=statement, status=status.value, reason=reason,
-                         message=message if failed else "", ranks=ranks if failed else [], identity=identity)
+        rep.zero3 = dict(
+            id=cid,
+            statement=statement,
+            status=status.value,
+            reason=reason,
+            message=message if failed else "",
+            ranks=ranks if failed else [],
+            identity=identity,
+        )
 
     def add(self, rep) -> None:
         """Fold one test report (from this process or an xdist worker) into its contract's row."""
@@ -136,14 +161,19 @@ class Report:
             prefixes = markers.select_prefixes(self.config)
             for cid, contract in known.items():
                 if cid not in rows and markers.selected(cid, prefixes):
-                    rows[cid] = _row(cid, contract.statement, outcome=Outcome.NOT_RUN.value,
-                                     reason="no test of it ran (deselected, or the run stopped early)")
+                    rows[cid] = _row(
+                        cid,
+                        contract.statement,
+                        outcome=Outcome.NOT_RUN.value,
+                        reason="no test of it ran (deselected, or the run stopped early)",
+                    )
         return [rows[cid] for cid in sorted(rows)]
 
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
-        info.update(backend=self.settings.resolved_backend or self.settings.backend,
-                    world_size=self.settings.world_size)
+        info.update(
+            backend=self.settings.resolved_backend or self.settings.backend, world_size=self.settings.world_size
+        )
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
         return info
 
@@ -155,12 +185,14 @@ class Report:
         tr.write_sep("=", "ZeRO-3 conformance")
         tr.write_line(f"implementation: {info['spec']} ({info['impl']})")
         tr.write_line(f"deepspeed {info.get('deepspeed')} from {info.get('deepspeed_path')}")
-        tr.write_line(f"coordinator: {info.get('coordinator', '?')}; torch {info.get('torch')}; "
-                      f"backend {info['backend']}; world size {info['world_size']}")
+        tr.write_line(
+            f"coordinator: {info.get('coordinator', '?')}; torch {info.get('torch')}; "
+            f"backend {info['backend']}; world size {info['world_size']}"
+        )
         tr.write_line("")
         width = min(max(len(r["statement"]) for r in rows), 70)
         for row in rows:
-            text = row["statement"] if len(row["statement"]) <= width else row["statement"][:width - 1] + "…"
+            text = row["statement"] if len(row["statement"]) <= width else row["statement"][: width - 1] + "…"
             outcome = Outcome(row["outcome"])
             tr.write(f"  {row['id']:<7} {text:<{width}}  ")
             tr.write(outcome.label, **_COLOURS.get(outcome, {}))
@@ -169,10 +201,17 @@ class Report:
         tr.write_line("")
         if self.strict:
             for cid in self.unexpected_passes():
-                tr.write_line(f"--zero3-strict: contract {cid} passed but --zero3-expect lists it as failing: "
-                              "remove it from the expectations file.", red=True, bold=True)
-        tr.write_line("contracts: " + ", ".join(f"{counts[k.value]} {k.label}" for k in SHOWN if counts[k.value])
-                      + f" (of {counts['total']} checked)")
+                tr.write_line(
+                    f"--zero3-strict: contract {cid} passed but --zero3-expect lists it as failing: "
+                    "remove it from the expectations file.",
+                    red=True,
+                    bold=True,
+                )
+        tr.write_line(
+            "contracts: "
+            + ", ".join(f"{counts[k.value]} {k.label}" for k in SHOWN if counts[k.value])
+            + f" (of {counts['total']} checked)"
+        )
 
     def unexpected_passes(self) -> list:
         return sorted(cid for cid, row in self.rows.items() if row["outcome"] == Outcome.UNEXPECTED_PASS.value)
@@ -186,8 +225,13 @@ class Report:
         if launcher.active() and launcher.rank() != 0:
             return
         rows = self.all_rows() if self.rows else []
-        doc = dict(schema=SCHEMA, version=SCHEMA_VERSION, implementation=self.implementation(),
-                   summary=summary(rows), contracts=rows)
+        doc = dict(
+            schema=SCHEMA,
+            version=SCHEMA_VERSION,
+            implementation=self.implementation(),
+            summary=summary(rows),
+            contracts=rows,
+        )
         path = config.getoption("--zero3-report")
         if path:
             with open(path, "w") as fh:
@@ -200,14 +244,26 @@ class Report:
 
 def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: str = "") -> dict:
     known = registry.load().get(cid)
-    return dict(id=cid, family=registry.family(cid), statement=statement, source=known.source if known else "",
-                outcome=outcome, reason=reason, message="", duration=0.0, tests=[], ranks=[])
+    return dict(
+        id=cid,
+        family=registry.family(cid),
+        statement=statement,
+        source=known.source if known else "",
+        outcome=outcome,
+        reason=reason,
+        message="",
+        duration=0.0,
+        tests=[],
+        ranks=[],
+    )
 
 
 def recorder(item):
     """Callback given to worlds: keeps each run's per-rank outcomes on the test item."""
+
     def record(outcomes):
         item.stash.setdefault(_OUTCOMES, []).append(outcomes)
+
     return record
 
 
@@ -228,15 +284,23 @@ def summary(rows) -> dict:
 
 def markdown(doc: dict) -> str:
     info = doc["implementation"]
-    lines = ["## ZeRO-3 conformance", "",
-             f"Implementation `{info['spec']}` ({info['impl']}); deepspeed {info.get('deepspeed')} "
-             f"from `{info.get('deepspeed_path')}`; coordinator `{info.get('coordinator', '?')}`; "
-             f"torch {info.get('torch')}; {info['backend']}, {info['world_size']} ranks.", "",
-             "| contract | statement | result | reason |", "|---|---|---|---|"]
+    lines = [
+        "## ZeRO-3 conformance",
+        "",
+        f"Implementation `{info['spec']}` ({info['impl']}); deepspeed {info.get('deepspeed')} "
+        f"from `{info.get('deepspeed_path')}`; coordinator `{info.get('coordinator', '?')}`; "
+        f"torch {info.get('torch')}; {info['backend']}, {info['world_size']} ranks.",
+        "",
+        "| contract | statement | result | reason |",
+        "|---|---|---|---|",
+    ]
     for row in doc["contracts"]:
         reason = row["reason"].replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {row['id']} | {row['statement']} | **{Outcome(row['outcome']).label}** | {reason} |")
     s = doc["summary"]
-    lines += ["", ", ".join(f"{s[k.value]} {k.label}" for k in SHOWN if s[k.value])
-              + f" (of {s['total']} contracts)", ""]
+    lines += [
+        "",
+        ", ".join(f"{s[k.value]} {k.label}" for k in SHOWN if s[k.value]) + f" (of {s['total']} contracts)",
+        "",
+    ]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ initialised before they start); this module adds the few things every scenario n
   needs (reported as ``unsupported`` with the reason, never as a silent skip);
 * ``pytest.skip(reason)`` works as usual and is reported as a skip when every rank skips.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,11 +25,13 @@ class Unsupported(Exception):
 
 def rank() -> int:
     import torch.distributed as dist
+
     return dist.get_rank()
 
 
 def world_size() -> int:
     import torch.distributed as dist
+
     return dist.get_world_size()
 
 
@@ -36,6 +39,7 @@ def device():
     """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu`` (also outside a world)."""
     import torch
     import torch.distributed as dist
+
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
@@ -54,13 +58,16 @@ def require_ranks(n: int, why: str) -> None:
     """
     size = world_size()
     if size < n:
-        raise Unsupported(f"needs a world of at least {n} ranks ({why}); this one has {size}: "
-                          f"run it with --zero3-world-size={n} or more")
+        raise Unsupported(
+            f"needs a world of at least {n} ranks ({why}); this one has {size}: "
+            f"run it with --zero3-world-size={n} or more"
+        )
 
 
 def gather(obj: Any) -> list:
     """Every rank's ``obj``, in rank order, on every rank."""
     import torch.distributed as dist
+
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out

@@ -5,6 +5,7 @@ in a process, and DeepSpeed's own reused worlds leaked and hung).  Forking them 
 forkserver makes "fresh" cheap.  This module also keeps the list of live ranks so that none
 outlives pytest, whatever ends it.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -36,6 +37,8 @@ DEFAULT_STARTUP_TIMEOUT = 600.0
 
 class ForkserverStuck(Exception):
     """The forkserver did not become ready (its preload hung or crashed); the message has its stack."""
+
+
 _context = None
 _stack_path = ""
 _live: set = set()
@@ -83,18 +86,27 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
         starter.join(10)
         for proc in procs:
             kill(proc)
-        why = (f"did not become ready within {timeout:g} s (its start-up budget, separate from the scenario "
-               f"timeout: raise it with --zero3-startup-timeout=SECONDS)") if stuck else f"failed: {errors[0]!r}"
-        raise ForkserverStuck(f"the forkserver that preloads torch and deepspeed {why}. Its stack below shows "
-                              "the import it is stuck in (if it waits in torch's file_baton, an interrupted "
-                              "build left a stale 'lock' file under TORCH_EXTENSIONS_DIR: remove it)."
-                              f"\nforkserver stack:\n{stack or '(none written)'}")
+        why = (
+            (
+                f"did not become ready within {timeout:g} s (its start-up budget, separate from the scenario "
+                f"timeout: raise it with --zero3-startup-timeout=SECONDS)"
+            )
+            if stuck
+            else f"failed: {errors[0]!r}"
+        )
+        raise ForkserverStuck(
+            f"the forkserver that preloads torch and deepspeed {why}. Its stack below shows "
+            "the import it is stuck in (if it waits in torch's file_baton, an interrupted "
+            "build left a stale 'lock' file under TORCH_EXTENSIONS_DIR: remove it)."
+            f"\nforkserver stack:\n{stack or '(none written)'}"
+        )
     return procs
 
 
 def _stop_forkserver() -> str:
     """Dump the forkserver's stack, kill it (the next start launches a new one), return the stack."""
     from multiprocessing import forkserver
+
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     path = _stack_path
     if not pid:
@@ -141,6 +153,7 @@ def kill_all() -> None:
         kill(proc)
     if _context is not None:
         from multiprocessing import forkserver
+
         stop = getattr(forkserver._forkserver, "_stop", None)
         if stop is not None:
             try:
@@ -156,6 +169,7 @@ def kill_all() -> None:
 
 def install_signal_handlers() -> None:
     """Turn SIGTERM into a clean stop: kill the ranks, then let pytest end as on Ctrl-C."""
+
     def on_term(signum, frame):
         # Only raise here: the running world's cleanup and pytest_unconfigure kill the ranks, outside
         # the signal handler (which may have interrupted multiprocessing while it holds a lock).

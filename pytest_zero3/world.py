@@ -6,6 +6,7 @@ a deadline.  It never blocks on a rank: outcomes come back through files (see
 finish (they usually fail fast in their next collective) and are then stopped.  When the deadline
 passes, every live rank is asked for its Python stack (faulthandler on SIGUSR1), and killed.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,18 @@ import pytest
 
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3 import spawner
-from pytest_zero3.outcome import (DIED, HUNG, PASSED, SKIPPED, STOPPED, UNSUPPORTED, XFAILED, RankOutcome,
-                                  death_message, failure_text)
+from pytest_zero3.outcome import (
+    DIED,
+    HUNG,
+    PASSED,
+    SKIPPED,
+    STOPPED,
+    UNSUPPORTED,
+    XFAILED,
+    RankOutcome,
+    death_message,
+    failure_text,
+)
 
 #: Seconds the other ranks may still run after one rank failed.
 GRACE_SECONDS = 5.0
@@ -42,9 +53,17 @@ class WorldFailure(Exception):
 class World:
     """A world of ``size`` ranks under one implementation; each :meth:`run` forks fresh ranks."""
 
-    def __init__(self, size: int, backend: str, timeout: float, spec_text: str, base_dir: str,
-                 preload=(), on_outcomes: Callable[[List[RankOutcome]], None] = None,
-                 startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT):
+    def __init__(
+        self,
+        size: int,
+        backend: str,
+        timeout: float,
+        spec_text: str,
+        base_dir: str,
+        preload=(),
+        on_outcomes: Callable[[List[RankOutcome]], None] = None,
+        startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT,
+    ):
         self.size, self.backend, self.timeout = size, backend, timeout
         self.startup_timeout = startup_timeout
         self.spec_text, self.base_dir, self.preload = spec_text, base_dir, list(preload)
@@ -66,18 +85,25 @@ class World:
         """Like :meth:`run` but returns the raw per-rank outcomes instead of judging them."""
         run_dir = os.path.join(self.base_dir, f"run{next(_run_ids)}")
         os.makedirs(run_dir)
-        job = dict(run_dir=run_dir, parent_pid=os.getpid(), sys_path=list(sys.path), spec=self.spec_text,
-                   world_size=self.size, backend=self.backend,
-                   # the parent's deadline is the authority: a rank's collectives give up only after
-                   # the parent has stopped it and read its stack (no race between "hung" and "raised")
-                   timeout=self.timeout + GRACE_SECONDS + STACK_SECONDS,
-                   port=20000 + zlib.crc32(run_dir.encode()) % 40000,
-                   call=pickle.dumps((fn, args, kwargs)))
+        job = dict(
+            run_dir=run_dir,
+            parent_pid=os.getpid(),
+            sys_path=list(sys.path),
+            spec=self.spec_text,
+            world_size=self.size,
+            backend=self.backend,
+            # the parent's deadline is the authority: a rank's collectives give up only after
+            # the parent has stopped it and read its stack (no race between "hung" and "raised")
+            timeout=self.timeout + GRACE_SECONDS + STACK_SECONDS,
+            port=20000 + zlib.crc32(run_dir.encode()) % 40000,
+            call=pickle.dumps((fn, args, kwargs)),
+        )
         payload = pickle.dumps(job)
         ctx = spawner.context(self.preload, self.spec_text)
         try:
-            procs = spawner.start_all(ctx, rank_mod.main, [(payload, r) for r in range(self.size)],
-                                      self.startup_timeout)
+            procs = spawner.start_all(
+                ctx, rank_mod.main, [(payload, r) for r in range(self.size)], self.startup_timeout
+            )
         except spawner.ForkserverStuck as exc:
             raise WorldFailure(str(exc), []) from None
         try:
@@ -99,10 +125,10 @@ def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
     unsupported = [o for o in outcomes if o.status == UNSUPPORTED]
     if unsupported and statuses <= {UNSUPPORTED, PASSED, SKIPPED, STOPPED}:
         from pytest_zero3.scenario import Unsupported
+
         raise Unsupported(unsupported[0].message)
     name = getattr(fn, "__qualname__", repr(fn))
-    raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"),
-                       outcomes)
+    raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"), outcomes)
 
 
 def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
@@ -179,8 +205,9 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
             message = f"still running after the {timeout:g} s timeout (raise it with --zero3-timeout)"
         else:
             message = f"stopped {waited:.1f} s after another rank failed"
-        outcomes[r] = RankOutcome(r, reason, message=message, traceback=_read(files[r]["stack"]),
-                                  log_tail=_tail(files[r]["log"]))
+        outcomes[r] = RankOutcome(
+            r, reason, message=message, traceback=_read(files[r]["stack"]), log_tail=_tail(files[r]["log"])
+        )
 
 
 def _read(path: str) -> str:

@@ -53,6 +53,7 @@ GROW_QUANTUM = 1 << 20  # smallest growth step in elements, so a tiny or zero bu
 class _Segment:
     """A stretch of one pass: its start and end marks (host seconds or device events) and the waits
     inside it (a host sum, or a list of event pairs)."""
+
     __slots__ = ("start", "end", "waits", "host_wait")
 
     def __init__(self, start):
@@ -67,14 +68,16 @@ class AdaptivePrefetchBucket:
     complete trace; :attr:`size` is what the next prefetch uses. :meth:`reset` drops the window.
     """
 
-    def __init__(self,
-                 initial: int,
-                 min_size: int,
-                 max_size: int,
-                 group=None,
-                 interval: int = 10,
-                 clock: Optional[Callable[[], float]] = None,
-                 delay: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        initial: int,
+        min_size: int,
+        max_size: int,
+        group=None,
+        interval: int = 10,
+        clock: Optional[Callable[[], float]] = None,
+        delay: Optional[Callable[[], None]] = None,
+    ):
         if not 0 <= min_size <= max_size:
             raise ValueError(f"adaptive prefetch needs 0 <= min_size <= max_size, got [{min_size}, {max_size}]")
         if interval < 1:

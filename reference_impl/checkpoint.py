@@ -8,6 +8,7 @@ every rank's model-states file carries its shard (``frozen_param_fragments``) an
 DeepSpeed's own load, this rebuilds each frozen param from the shards and keeps this rank's
 partition of it, whatever the world size.
 """
+
 import glob
 import os
 import re
@@ -37,7 +38,7 @@ def restore_frozen_params(optimizer, checkpoint_folder: str) -> None:
         full = torch.cat([f.flatten() for f in fragments])[:numel]
         part = param.ds_tensor
         start = optimizer._get_param_partition_rank(param) * part.numel()
-        chunk = full[start:start + part.numel()]
+        chunk = full[start : start + part.numel()]
         with torch.no_grad():
             part.zero_()
             part.narrow(0, 0, chunk.numel()).copy_(chunk.to(part.dtype))

@@ -29,8 +29,10 @@ class AdaptivePrefetchZeroConfig(DeepSpeedZeroConfig):
     @model_validator(mode="after")
     def adaptive_prefetch_range_valid(self):
         if self.adaptive_prefetch_min_size > self.adaptive_prefetch_max_size:
-            raise ValueError(f"stage3_adaptive_prefetch_min_size ({self.adaptive_prefetch_min_size}) must not exceed "
-                             f"stage3_adaptive_prefetch_max_size ({self.adaptive_prefetch_max_size})")
+            raise ValueError(
+                f"stage3_adaptive_prefetch_min_size ({self.adaptive_prefetch_min_size}) must not exceed "
+                f"stage3_adaptive_prefetch_max_size ({self.adaptive_prefetch_max_size})"
+            )
         return self
 
 
@@ -49,6 +51,8 @@ def adaptive_coordinator_kwargs(ds_config) -> dict:
     elif not isinstance(ds_config, dict):
         ds_config = load_ds_config(ds_config)
     zero = get_zero_config(ds_config)
-    return dict(adaptive_prefetch=zero.adaptive_prefetch_bucket_size,
-                adaptive_prefetch_min_sz=zero.adaptive_prefetch_min_size,
-                adaptive_prefetch_max_sz=zero.adaptive_prefetch_max_size)
+    return dict(
+        adaptive_prefetch=zero.adaptive_prefetch_bucket_size,
+        adaptive_prefetch_min_sz=zero.adaptive_prefetch_min_size,
+        adaptive_prefetch_max_sz=zero.adaptive_prefetch_max_size,
+    )

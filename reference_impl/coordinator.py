@@ -45,8 +45,11 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.compiler import is_compiling
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
-from deepspeed.runtime.zero.partition_parameters import (DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR,
-                                                         AllGatherCoalescedHandle, ZeroParamStatus)
+from deepspeed.runtime.zero.partition_parameters import (
+    DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR,
+    AllGatherCoalescedHandle,
+    ZeroParamStatus,
+)
 from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry, iter_params
 from deepspeed.utils import logger, z3_leaf_module
 
@@ -133,23 +136,25 @@ class ReferenceCoordinator:
     covers their backward reuse).
     """
 
-    def __init__(self,
-                 prefetch_bucket_sz: int,
-                 max_reuse_distance_in_numel: int,
-                 max_available_parameters_in_numel: int,
-                 allgather_stream,
-                 inflight_param_registry: InflightParamRegistry,
-                 prefetch_nvme: bool = False,
-                 timers=None,
-                 zero_quantized_weights: bool = False,
-                 zero_quantized_nontrainable_weights: bool = False,
-                 fast_sharding_for_leaf_module: bool = False,
-                 log_trace_cache_warnings: bool = False,
-                 *,
-                 adaptive_prefetch: bool = False,
-                 adaptive_prefetch_min_sz: int = 0,
-                 adaptive_prefetch_max_sz: int = DEFAULT_ADAPTIVE_MAX,
-                 dp_process_group=None) -> None:
+    def __init__(
+        self,
+        prefetch_bucket_sz: int,
+        max_reuse_distance_in_numel: int,
+        max_available_parameters_in_numel: int,
+        allgather_stream,
+        inflight_param_registry: InflightParamRegistry,
+        prefetch_nvme: bool = False,
+        timers=None,
+        zero_quantized_weights: bool = False,
+        zero_quantized_nontrainable_weights: bool = False,
+        fast_sharding_for_leaf_module: bool = False,
+        log_trace_cache_warnings: bool = False,
+        *,
+        adaptive_prefetch: bool = False,
+        adaptive_prefetch_min_sz: int = 0,
+        adaptive_prefetch_max_sz: int = DEFAULT_ADAPTIVE_MAX,
+        dp_process_group=None,
+    ) -> None:
         self.hierarchy = 0  # written by stage3.step(); kept for protocol compatibility
         self.zero_quantized_weights = zero_quantized_weights
         self.zero_quantized_nontrainable_weights = zero_quantized_nontrainable_weights
@@ -168,10 +173,9 @@ class ReferenceCoordinator:
         # the adaptive controller, when enabled; tests may set its ``clock``, ``delay`` and ``interval``
         self.adaptive: Optional[AdaptivePrefetchBucket] = None
         if adaptive_prefetch:
-            self.adaptive = AdaptivePrefetchBucket(prefetch_bucket_sz,
-                                                   adaptive_prefetch_min_sz,
-                                                   adaptive_prefetch_max_sz,
-                                                   group=dp_process_group)
+            self.adaptive = AdaptivePrefetchBucket(
+                prefetch_bucket_sz, adaptive_prefetch_min_sz, adaptive_prefetch_max_sz, group=dp_process_group
+            )
 
         self._mode = "invalid"
         self._recording: List[Module] = []
@@ -220,9 +224,8 @@ class ReferenceCoordinator:
         if is_compiling():
             return
         if self._mode == "complete" and not self._trace.matches(self._step, module):
-            expected = (self._trace.modules[self._step].ds_id if self._step < len(self._trace.modules) else "end")
-            message = (f"ZeRO-3 trace invalidated at step {self._step}: expected module {expected}, "
-                       f"got {module.ds_id}")
+            expected = self._trace.modules[self._step].ds_id if self._step < len(self._trace.modules) else "end"
+            message = f"ZeRO-3 trace invalidated at step {self._step}: expected module {expected}, got {module.ds_id}"
             if self._log_trace_warnings:
                 warn_rank0(message)
             else:
@@ -326,7 +329,8 @@ class ReferenceCoordinator:
             f"{module.training}) is the traced one but fetches different parameters than when the trace was "
             f"recorded; new: {sorted(p.ds_id for p in params - recorded)}, gone: "
             f"{sorted(p.ds_id for p in recorded - params)}. Parameters must not be added to or removed from a "
-            "module between passes without invalidating the trace (coordinator._invalidate_trace()).")
+            "module between passes without invalidating the trace (coordinator._invalidate_trace())."
+        )
 
     def _recompute_owner(self, forward: bool) -> Optional[Module]:
         """During a checkpoint recompute, the backward module the recomputed frozen params belong to."""
@@ -426,7 +430,7 @@ class ReferenceCoordinator:
                 continue
             # params with a valid hpZ secondary shard gather differently from those without
             secondary = [p for p in group if p.ds_secondary_tensor is not None]
-            kinds = (secondary, [p for p in group if p.ds_secondary_tensor is None]) if secondary else (group, )
+            kinds = (secondary, [p for p in group if p.ds_secondary_tensor is None]) if secondary else (group,)
             for same_kind in kinds:
                 if not same_kind:
                     continue

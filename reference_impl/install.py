@@ -125,9 +125,11 @@ def _offload_init(original):
         extra = adaptive_coordinator_kwargs(arguments.get("ds_config"))
         if not accepts_adaptive_keywords(factory):
             if extra["adaptive_prefetch"]:
-                warn_rank0(f"stage3_adaptive_prefetch_bucket_size is on, but {getattr(factory, '__name__', factory)} "
-                           "does not take the adaptive_prefetch* keywords (pytest_zero3/protocol.py): the prefetch "
-                           "bucket stays static")
+                warn_rank0(
+                    f"stage3_adaptive_prefetch_bucket_size is on, but {getattr(factory, '__name__', factory)} "
+                    "does not take the adaptive_prefetch* keywords (pytest_zero3/protocol.py): the prefetch "
+                    "bucket stays static"
+                )
             return original(self, *args, **kwargs)
         extra["dp_process_group"] = arguments.get("dp_process_group")
         parameter_offload.PartitionedParameterCoordinator = functools.partial(factory, **extra)
@@ -167,6 +169,7 @@ def _offload_partition_all_parameters(self):
     """DeepSpeed's, except that a param held by an open ``GatheredParameters`` may stay gathered."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
     from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+
     self.get_param_coordinator().release_and_reset_all(self.module)
     for param in iter_params(self.module, recurse=True):
         if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and not held_by_gathered_parameters(param):
@@ -183,15 +186,17 @@ def install(coordinator=ReferenceCoordinator) -> None:
     if _saved:
         parameter_offload.PartitionedParameterCoordinator = coordinator
         return
-    _saved.update(coordinator=parameter_offload.PartitionedParameterCoordinator,
-                  stack=parameter_offload.FWD_MODULE_STACK,
-                  init=DeepSpeedZeRoOffload.__init__,
-                  destroy=DeepSpeedZeRoOffload.destroy,
-                  leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
-                  partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
-                  universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
-                  runtime_get_zero_config=ds_runtime_config.get_zero_config,
-                  zero_get_zero_config=ds_zero_config.get_zero_config)
+    _saved.update(
+        coordinator=parameter_offload.PartitionedParameterCoordinator,
+        stack=parameter_offload.FWD_MODULE_STACK,
+        init=DeepSpeedZeRoOffload.__init__,
+        destroy=DeepSpeedZeRoOffload.destroy,
+        leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
+        partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
+        universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
+        runtime_get_zero_config=ds_runtime_config.get_zero_config,
+        zero_get_zero_config=ds_zero_config.get_zero_config,
+    )
     parameter_offload.PartitionedParameterCoordinator = coordinator
     parameter_offload.FWD_MODULE_STACK = WeakModuleStack(_saved["stack"])
     DeepSpeedZeRoOffload.__init__ = _offload_init(_saved["init"])

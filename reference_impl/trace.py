@@ -41,6 +41,7 @@ def module_param_set(module: Module, is_leaf: bool) -> Set[Parameter]:
 @dataclass(frozen=True)
 class ParamUse:
     """One use of a parameter by the module run at ``step`` of the trace."""
+
     param: Parameter
     step: int
 

@@ -3,6 +3,7 @@
 The plugin's behaviour is a property of whole pytest runs (options, exit codes, reports, hangs), so
 most tests run a real ``python -m pytest`` in a subprocess and read its output and JSON report.
 """
+
 import json
 import os
 import subprocess
@@ -35,14 +36,21 @@ class Run:
 @pytest.fixture
 def run_pytest(tmp_path):
     """``run_pytest(*args, cwd=...)``: run pytest in a subprocess with a JSON report; returns a :class:`Run`."""
+
     def run(*args, cwd=None, timeout=900, env=None):
         report = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
         full_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", **(env or {}))
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                               f"--zero3-report={report}", *args],
-                              cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--zero3-report={report}", *args],
+            cwd=cwd or ROOT,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         proc.stdout = proc.stdout + proc.stderr
         return Run(proc, report)
+
     return run
 
 
@@ -55,16 +63,22 @@ def fork_without_checkpoint_fix(tmp_path_factory):
     Session-scoped: the fork's first world builds DeepSpeed's CPU comm op for its own path.
     """
     from forks import copy_installed_deepspeed, edit
+
     fork = copy_installed_deepspeed(str(tmp_path_factory.mktemp("fork")))
-    edit(fork, "runtime/zero/partitioned_param_coordinator.py",
-         "in_checkpoint_recompute = forward and torch._C._current_graph_task_id() != -1",
-         "in_checkpoint_recompute = False")
+    edit(
+        fork,
+        "runtime/zero/partitioned_param_coordinator.py",
+        "in_checkpoint_recompute = forward and torch._C._current_graph_task_id() != -1",
+        "in_checkpoint_recompute = False",
+    )
     return fork
 
 
 @pytest.fixture
 def run_suite(run_pytest):
     """``run_suite(impl, select, *extra)``: the conformance suite against ``impl`` for contracts ``select``."""
+
     def run(impl, select, *extra):
         return run_pytest(str(ROOT / "conformance"), f"--zero3-impl={impl}", f"--zero3-select={select}", *extra)
+
     return run

@@ -4,6 +4,7 @@ One entry per coordinator in ``tests/bad_coordinators/``.  ``tests/test_flags.py
 against each entry and checks the outcome; ``tests/readme.py`` renders the README's proof table from
 the same entries.  To add a coordinator, add one :class:`Case`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,7 +36,8 @@ class Case:
 
 def _diverges_without_hanging(run) -> None:
     assert "ranks are about to issue different all-gathers" in run.stdout or "ranks differ" in run.stdout, (
-        f"003-b failed without showing the diverging sequences:\n{run.stdout[-4000:]}")
+        f"003-b failed without showing the diverging sequences:\n{run.stdout[-4000:]}"
+    )
     assert "still running after" not in run.stdout, f"003-b caught the divergence only as a hang:\n{run.stdout[-4000:]}"
 
 
@@ -46,62 +48,151 @@ ANCHORS_ONLY = ("--zero3-examples=0", "--zero3-shrink=0")
 
 CASES = (
     # family 000 (DeepSpeed PR 9003)
-    Case("prefetch_skip_retention.py:PrefetchSkipRetention",
-         "PR 9003: prefetch-skipped params kept until their next (backward) use",
-         frozenset({"000-a"}), COORDINATOR_FAMILIES, may_fail=family("000") | {"rule-b", "rule-f"}, extra=ANCHORS_ONLY),
+    Case(
+        "prefetch_skip_retention.py:PrefetchSkipRetention",
+        "PR 9003: prefetch-skipped params kept until their next (backward) use",
+        frozenset({"000-a"}),
+        COORDINATOR_FAMILIES,
+        may_fail=family("000") | {"rule-b", "rule-f"},
+        extra=ANCHORS_ONLY,
+    ),
     # Every family-000 contract that configures a non-zero distance fails; 000-a, 000-c and 000-f run at
     # distance 0 and 000-g compares losses only.
-    Case("ignores_reuse_distance.py:IgnoresReuseDistance", "never keeps a param for reuse",
-         frozenset({"000-b", "000-d", "000-e"}), "000", must_pass=frozenset({"000-a", "000-c"})),
+    Case(
+        "ignores_reuse_distance.py:IgnoresReuseDistance",
+        "never keeps a param for reuse",
+        frozenset({"000-b", "000-d", "000-e"}),
+        "000",
+        must_pass=frozenset({"000-a", "000-c"}),
+    ),
     # family 001 (DeepSpeed PR 8883)
-    Case("class_level_cache.py:ClassLevelCacheCoordinator", "PR 8883: `lru_cache` on the release-set method",
-         frozenset({"001-a"}), "001"),
-    Case("stale_cache_after_retrace.py:StaleCacheAfterRetraceCoordinator",
-         "release cache not cleared when the trace is re-recorded", frozenset({"001-b"}), "001"),
-    Case("mutated_release_set.py:MutatedReleaseSetCoordinator",
-         "backward adds recompute params into a cached forward release set", frozenset({"001-c"}), "001"),
+    Case(
+        "class_level_cache.py:ClassLevelCacheCoordinator",
+        "PR 8883: `lru_cache` on the release-set method",
+        frozenset({"001-a"}),
+        "001",
+    ),
+    Case(
+        "stale_cache_after_retrace.py:StaleCacheAfterRetraceCoordinator",
+        "release cache not cleared when the trace is re-recorded",
+        frozenset({"001-b"}),
+        "001",
+    ),
+    Case(
+        "mutated_release_set.py:MutatedReleaseSetCoordinator",
+        "backward adds recompute params into a cached forward release set",
+        frozenset({"001-c"}),
+        "001",
+    ),
     # family 002 (DeepSpeed PRs 8130/8148); base-f checks a checkpointed model with frozen params, so the
     # bug legitimately breaks it too; 002-d recomputes no frozen param.
-    Case("partition_frozen_during_recompute.py:PartitionFrozenDuringRecompute",
-         "PR 8130: frozen params partitioned during checkpoint recompute",
-         frozenset({"002-a"}), COORDINATOR_FAMILIES, may_fail=family("002") | family("rule") | {"base-f"},
-         must_pass=frozenset({"002-d"}), extra=ANCHORS_ONLY),
+    Case(
+        "partition_frozen_during_recompute.py:PartitionFrozenDuringRecompute",
+        "PR 8130: frozen params partitioned during checkpoint recompute",
+        frozenset({"002-a"}),
+        COORDINATOR_FAMILIES,
+        may_fail=family("002") | family("rule") | {"base-f"},
+        must_pass=frozenset({"002-d"}),
+        extra=ANCHORS_ONLY,
+    ),
     # family 003 (DeepSpeed PR 8431)
-    Case("rank_local_adaptive.py:RankLocalAdaptiveCoordinator",
-         "PR 8431 review: each rank decides the bucket from its own clock", frozenset({"003-b"}), "003",
-         check=_diverges_without_hanging),
-    Case("adaptive_unclamped_start.py:UnclampedStart", "start value outside the bounds never clamped",
-         frozenset({"003-c"}), "003"),
-    Case("adaptive_samples_while_recording.py:SamplesWhileRecording", "samples taken while the trace is recorded",
-         frozenset({"003-d"}), "003"),
-    Case("adaptive_keep_samples_across_invalidation.py:KeepSamplesAcrossInvalidation",
-         "samples kept across a trace invalidation", frozenset({"003-d"}), "003"),
+    Case(
+        "rank_local_adaptive.py:RankLocalAdaptiveCoordinator",
+        "PR 8431 review: each rank decides the bucket from its own clock",
+        frozenset({"003-b"}),
+        "003",
+        check=_diverges_without_hanging,
+    ),
+    Case(
+        "adaptive_unclamped_start.py:UnclampedStart",
+        "start value outside the bounds never clamped",
+        frozenset({"003-c"}),
+        "003",
+    ),
+    Case(
+        "adaptive_samples_while_recording.py:SamplesWhileRecording",
+        "samples taken while the trace is recorded",
+        frozenset({"003-d"}),
+        "003",
+    ),
+    Case(
+        "adaptive_keep_samples_across_invalidation.py:KeepSamplesAcrossInvalidation",
+        "samples kept across a trace invalidation",
+        frozenset({"003-d"}),
+        "003",
+    ),
     # With one decision per pass the inverted controller cannot reach 003-c's lower bound within that
     # scenario's two wait steps either.
-    Case("adaptive_inverted_controller.py:InvertedController", "grows without waits, shrinks with long ones",
-         frozenset({"003-f"}), "003", may_fail=frozenset({"003-c"})),
+    Case(
+        "adaptive_inverted_controller.py:InvertedController",
+        "grows without waits, shrinks with long ones",
+        frozenset({"003-f"}),
+        "003",
+        may_fail=frozenset({"003-c"}),
+    ),
     # family base: bookkeeping bugs change no number, so every parity contract must still pass
-    Case("never_rerecord.py:NeverRerecord", "never re-records after the trace is invalidated",
-         frozenset({"base-g"}), "base"),
-    Case("keeps_recompute_attribution.py:KeepsRecomputeAttribution", "`ds_recompute_parameters` never emptied",
-         frozenset({"base-f"}), "base"),
+    Case(
+        "never_rerecord.py:NeverRerecord",
+        "never re-records after the trace is invalidated",
+        frozenset({"base-g"}),
+        "base",
+    ),
+    Case(
+        "keeps_recompute_attribution.py:KeepsRecomputeAttribution",
+        "`ds_recompute_parameters` never emptied",
+        frozenset({"base-f"}),
+        "base",
+    ),
     # stale weights break every parity contract; base-e keeps its small layers persistent (never
     # re-fetched) and base-f checks bookkeeping, not numbers.
-    Case("stale_gather_cache.py:StaleGatherCache", "DeepSpeed's coordinator serving stale gathered copies",
-         frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h"}), "base"),
+    Case(
+        "stale_gather_cache.py:StaleGatherCache",
+        "DeepSpeed's coordinator serving stale gathered copies",
+        frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h"}),
+        "base",
+    ),
     # family rule: each a realistic mistake the hand-written contracts miss (exactly these IDs fail)
-    Case("backward_defers_release.py:BackwardDefersRelease", "backward releases left to the end-of-backward cleanup",
-         frozenset({"rule-b", "rule-f"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
-    Case("prefetch_counts_shards.py:PrefetchCountsShards", "prefetch bucket filled with per-rank shard sizes",
-         frozenset({"rule-d"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
-    Case("prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive", "`stage3_max_live_parameters` never applied to prefetch",
-         frozenset({"rule-d"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
-    Case("partitions_persistent_in_backward.py:PartitionsPersistentInBackward",
-         "backward release drops the persistent-param exception", frozenset({"rule-e", "rule-f"}),
-         COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
-    Case("backward_window_off_by_one.py:BackwardWindowOffByOne", "backward reuse scan uses `>` instead of `>=`",
-         frozenset({"rule-b", "rule-f"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    Case(
+        "backward_defers_release.py:BackwardDefersRelease",
+        "backward releases left to the end-of-backward cleanup",
+        frozenset({"rule-b", "rule-f"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "prefetch_counts_shards.py:PrefetchCountsShards",
+        "prefetch bucket filled with per-rank shard sizes",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive",
+        "`stage3_max_live_parameters` never applied to prefetch",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "partitions_persistent_in_backward.py:PartitionsPersistentInBackward",
+        "backward release drops the persistent-param exception",
+        frozenset({"rule-e", "rule-f"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "backward_window_off_by_one.py:BackwardWindowOffByOne",
+        "backward reuse scan uses `>` instead of `>=`",
+        frozenset({"rule-b", "rule-f"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
     # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
-    Case("grows_fetch_log.py:GrowsFetchLog", "a log of int tuples that is never trimmed",
-         frozenset({"001-d"}), COORDINATOR_FAMILIES, extra=ANCHORS_ONLY),
+    Case(
+        "grows_fetch_log.py:GrowsFetchLog",
+        "a log of int tuples that is never trimmed",
+        frozenset({"001-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
 )

@@ -1,4 +1,5 @@
 """Simulated DeepSpeed forks: a copy of the installed deepspeed package, optionally with one file changed."""
+
 import os
 import shutil
 
@@ -6,6 +7,7 @@ import shutil
 def copy_installed_deepspeed(dest):
     """Copy the installed ``deepspeed`` package to ``dest/deepspeed``; return ``dest``."""
     import importlib.util
+
     src = os.path.dirname(importlib.util.find_spec("deepspeed").origin)
     shutil.copytree(src, os.path.join(dest, "deepspeed"), ignore=shutil.ignore_patterns("__pycache__"))
     return dest

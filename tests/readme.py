@@ -3,6 +3,7 @@
 ``python tests/readme.py`` rewrites them in place; ``tests/test_registry.py`` fails when they are stale.
 Each table sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` lines.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,6 +16,7 @@ sys.path[:0] = [str(README.parent), str(README.parent / "tests")]  # this checko
 
 def contracts_table() -> str:
     from pytest_zero3 import registry
+
     lines = ["| ID | statement | source | ranks |", "|---|---|---|---|"]
     for c in sorted(registry.load().values(), key=lambda c: (c.family == "base", c.id)):
         ranks = f"≥ {c.min_world_size}" if c.min_world_size > 1 else "any"
@@ -24,6 +26,7 @@ def contracts_table() -> str:
 
 def proof_table() -> str:
     from flags import CASES
+
     lines = ["| coordinator | bug | flagged by |", "|---|---|---|"]
     for case in CASES:
         ids = ", ".join(sorted(case.flagged))
@@ -44,8 +47,12 @@ def section(text: str, name: str) -> str:
 def render(text: str) -> str:
     for name, make in TABLES.items():
         table = make()
-        text = re.sub(rf"(<!-- {name}:begin -->\n).*?(\n<!-- {name}:end -->)",
-                      lambda m, table=table: m.group(1) + table + m.group(2), text, flags=re.S)
+        text = re.sub(
+            rf"(<!-- {name}:begin -->\n).*?(\n<!-- {name}:end -->)",
+            lambda m, table=table: m.group(1) + table + m.group(2),
+            text,
+            flags=re.S,
+        )
     return text
 
 

@@ -6,6 +6,7 @@ developer after the wrong fix.  So each run must fail exactly the entry's IDs (p
 lists as may-fail), run every contract it selected, and pass at least one other contract (else
 "nothing else failed" proves nothing).  Cost: one suite run per entry, 15-60 s each on the 2-core box.
 """
+
 import pytest
 
 from conftest import BAD
@@ -37,12 +38,17 @@ def test_family_003_unsupported_on_stock_deepspeed(run_suite):
     """Why: deepspeed 0.19.8 rejects the keys; that is a missing feature, not a failed contract, and
     the report must say so with the reason rather than skip silently."""
     from flags import family
+
     run = run_suite("installed", "003")
     run.outcomes()  # the report must exist
     rows = {c["id"]: c for c in run.report["contracts"]}
     assert sorted(rows) == sorted(family("003")), f"contracts run: {sorted(rows)}\n{run.stdout[-3000:]}"
-    wrong = {cid: (r["outcome"], r["reason"]) for cid, r in rows.items()
-             if r["outcome"] != "unsupported" or not r["reason"].startswith("003:")
-             or "stage3_adaptive_prefetch" not in r["reason"]}
+    wrong = {
+        cid: (r["outcome"], r["reason"])
+        for cid, r in rows.items()
+        if r["outcome"] != "unsupported"
+        or not r["reason"].startswith("003:")
+        or "stage3_adaptive_prefetch" not in r["reason"]
+    }
     assert not wrong, f"stock deepspeed 0.19.8 must be 'unsupported: 003' with the rejected key: {wrong}"
     assert run.returncode == 0, f"pytest exit {run.returncode}: unsupported must not fail the run\n{run.stdout[-3000:]}"

@@ -4,6 +4,7 @@ controller that times waits with host timers while the reference passes.
 The CUDA half needs 2 GPUs and runs in scripts/gpu-check.sh; in CPU-only CI it is skipped (by
 ``skipif``, with the reason), and the CPU half costs one pytest run of one contract (about 30 s).
 """
+
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,12 @@ def test_unsupported_on_cpu_with_the_reason(run_suite):
 
 @needs_two_gpus
 def test_flags_host_timers_on_cuda(run_suite):
-    run = run_suite(f"{BAD / 'adaptive_host_timers.py'}:AdaptiveHostTimersCoordinator", "003-g",
-                    "--zero3-backend=nccl", f"--zero3-world-size={min(gpu_count(), 4)}")
+    run = run_suite(
+        f"{BAD / 'adaptive_host_timers.py'}:AdaptiveHostTimersCoordinator",
+        "003-g",
+        "--zero3-backend=nccl",
+        f"--zero3-world-size={min(gpu_count(), 4)}",
+    )
     assert run.failed_ids() == {"003-g"}, f"{run.outcomes()}\n{run.stdout[-4000:]}"
 
 

@@ -6,6 +6,7 @@ the engine's save code.  Run with ``--zero3-impl=DIR`` on family 004, each must 
 written for its bug; the other 004 contracts must pass unless their scenario also takes the broken
 path (listed per fork, with why).
 """
+
 import pytest
 
 #: contract -> (file under deepspeed/, old text, new text, other contracts that must flag it too,
@@ -16,18 +17,31 @@ SAVE_PATH_BUGS = {
     # the 16-bit state dict is taken without gathering: rank 0 writes its torch.Size([0]) placeholders;
     # the HF adapter save (004-d) consolidates through the same function, so it must fail too;
     # 004-f's mid-training save also writes a 16-bit model
-    "004-b": ("runtime/engine.py", "with deepspeed.zero.GatheredParameters(module_params, modifier_rank=0):",
-              "with deepspeed.zero.GatheredParameters([], modifier_rank=0):", {"004-d"}, {"004-f"}),
+    "004-b": (
+        "runtime/engine.py",
+        "with deepspeed.zero.GatheredParameters(module_params, modifier_rank=0):",
+        "with deepspeed.zero.GatheredParameters([], modifier_rank=0):",
+        {"004-d"},
+        {"004-f"},
+    ),
     # frozen params' shapes are taken from the placeholder instead of ds_shape; 004-f consolidates
     # its mid-training checkpoints with zero_to_fp32 too
-    "004-c": ("runtime/engine.py", "return param.ds_shape if hasattr(param, 'ds_id') else param.shape",
-              "return param.shape", set(), {"004-f"}),
+    "004-c": (
+        "runtime/engine.py",
+        "return param.ds_shape if hasattr(param, 'ds_id') else param.shape",
+        "return param.shape",
+        set(),
+        {"004-f"},
+    ),
     # the save gathers every param first (so the module state dict looks full) and never releases them
-    "004-f": ("runtime/zero/stage3.py",
-              "def checkpoint_event_prologue(self):\n        self._partition_all_parameters()",
-              "def checkpoint_event_prologue(self):\n"
-              "        self.module.parameters().__next__().all_gather(param_list=list(self.module.parameters()))",
-              set(), set()),
+    "004-f": (
+        "runtime/zero/stage3.py",
+        "def checkpoint_event_prologue(self):\n        self._partition_all_parameters()",
+        "def checkpoint_event_prologue(self):\n"
+        "        self.module.parameters().__next__().all_gather(param_list=list(self.module.parameters()))",
+        set(),
+        set(),
+    ),
 }
 #: The contracts every fork run checks, plus the fork's own extra flags.  Left out: 004-e and 004-g,
 #: which stock 0.19.8 (and so every copy of it) fails already, and 004-d (a transformers preload)
@@ -39,6 +53,7 @@ SELECT = ("004-a", "004-b", "004-c", "004-f")
 def save_path_fork(tmp_path_factory):
     """``save_path_fork(contract)``: a fork with that contract's save-path line changed (built once)."""
     from forks import copy_installed_deepspeed, edit
+
     built = {}
 
     def make(contract):
@@ -48,6 +63,7 @@ def save_path_fork(tmp_path_factory):
             edit(fork, relpath, old, new)
             built[contract] = fork
         return built[contract]
+
     return make
 
 
@@ -60,8 +76,10 @@ def test_suite_flags_save_path_fork_with_its_contract(run_suite, save_path_fork,
     run = run_suite(save_path_fork(contract), ",".join(selected))
     outcomes = run.outcomes()
     wrong = {cid: outcomes.get(cid) for cid in {contract} | flags if outcomes.get(cid) != "fail"}
-    assert not wrong, (f"{sorted({contract} | flags)} should flag the {contract} save-path fork, got {wrong}; "
-                       f"all: {outcomes}\n{run.stdout[-4000:]}")
+    assert not wrong, (
+        f"{sorted({contract} | flags)} should flag the {contract} save-path fork, got {wrong}; "
+        f"all: {outcomes}\n{run.stdout[-4000:]}"
+    )
     others = {cid: out for cid, out in outcomes.items() if cid not in {contract} | flags | also and out != "pass"}
     assert not others, f"contracts the one-line change should not reach did not pass: {others}\n{run.stdout[-4000:]}"
     assert set(outcomes) >= set(selected), f"not every selected contract ran: {outcomes}"

@@ -1,11 +1,13 @@
 """The CI gate for a DeepSpeed fork: fails on the broken contract, goes green once it is expected (issue 8)."""
+
 import os
 
 from conftest import ROOT
 
 
 def test_fork_with_a_bug_brought_back_fails_on_its_contract_then_passes_with_expectations(
-        run_suite, fork_without_checkpoint_fix, tmp_path):
+    run_suite, fork_without_checkpoint_fix, tmp_path
+):
     fork = fork_without_checkpoint_fix
     run = run_suite(fork, "002-a")
     assert run.returncode == 1, run.stdout
@@ -17,8 +19,10 @@ def test_fork_with_a_bug_brought_back_fails_on_its_contract_then_passes_with_exp
     assert any("CheckpointError" in r["message"] or "CheckpointError" in r["traceback"] for r in row["ranks"])
 
     expect = tmp_path / "expect.toml"
-    expect.write_text('# this fork has not picked up the 0.19.3 checkpoint fix yet\n'
-                      '[expected_failures]\n"002-a" = "frozen params partitioned during recompute"\n')
+    expect.write_text(
+        "# this fork has not picked up the 0.19.3 checkpoint fix yet\n"
+        '[expected_failures]\n"002-a" = "frozen params partitioned during recompute"\n'
+    )
     run = run_suite(fork, "002-a", f"--zero3-expect={expect}")
     assert run.returncode == 0, run.stdout
     assert run.outcomes() == {"002-a": "known_failure"}
@@ -27,6 +31,7 @@ def test_fork_with_a_bug_brought_back_fails_on_its_contract_then_passes_with_exp
 
 def test_shipped_stock_expectations_file_is_valid_and_lists_reasons():
     from pytest_zero3 import expectations
+
     table = expectations.load(ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml")
     assert "000-a" in table and "001-a" in table and all(table.values())
     # Every release of the release matrix (scripts/release-matrix.sh) ships a loadable file.

@@ -4,12 +4,13 @@ Each run below records, in a JSON file, the process's environment, signal handle
 and whether torch/deepspeed are imported: at session start, during a test and at the very end
 (after every other ``pytest_unconfigure``).  Cost: four short pytest subprocesses and one 1-rank world.
 """
+
 import json
 import re
 
 import pytest
 
-PROBE_CONFTEST = '''
+PROBE_CONFTEST = """
 import atexit, json, os, signal, sys
 import pytest
 
@@ -53,16 +54,16 @@ def pytest_unconfigure(config):
     record("end")
     with open(os.environ["PROBE_OUT"], "w") as fh:
         json.dump(STATES, fh)
-'''
+"""
 
-PLAIN_TEST = '''
+PLAIN_TEST = """
 from conftest import record
 
 def test_plain():
     record("test")
-'''
+"""
 
-WORLD_TEST = '''
+WORLD_TEST = """
 from conftest import record
 
 def nothing():
@@ -71,7 +72,7 @@ def nothing():
 def test_world(zero3_world):
     assert zero3_world.run(nothing) == [1]
     record("test")
-'''
+"""
 
 
 def _run(pytester, monkeypatch, name, *args):
@@ -112,8 +113,7 @@ def test_a_run_that_uses_it_undoes_its_set_up_at_session_end(pytester, monkeypat
     it; pytest embedded in a longer-lived process must get its process back unchanged."""
     pytester.makeconftest(PROBE_CONFTEST)
     pytester.makepyfile(test_world=WORLD_TEST)
-    result, seen = _run(pytester, monkeypatch, "used", "test_world.py",
-                        "--zero3-world-size=1", "--zero3-backend=gloo")
+    result, seen = _run(pytester, monkeypatch, "used", "test_world.py", "--zero3-world-size=1", "--zero3-backend=gloo")
     assert result.ret == 0, result.outlines
     assert seen["test"]["handlers"]["SIGTERM"] != seen["start"]["handlers"]["SIGTERM"]  # it did set up
     assert seen["test"]["zero3_atexit"] == ["pytest_zero3.spawner.kill_all"]

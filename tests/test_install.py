@@ -3,6 +3,7 @@
 Cost: two collections of the suite (about 10 s each: they import torch), one wheel build (a few
 seconds), four option checks that start no world.
 """
+
 import os
 import subprocess
 import sys
@@ -27,13 +28,15 @@ def other_project(pytester):
 def test_zero3_option_without_paths_runs_the_suite_and_paths_are_kept(other_project):
     """Why: `pytest --zero3-impl=PATH` is the promised usage; at a fork's root it must not collect
     the fork's own tests, and with paths pytest must collect what it is given."""
-    result = other_project.runpytest_subprocess("-p", "no:hypothesispytest", "--zero3-impl=installed",
-                                                "--zero3-select=base-a", "--co", "-q")
+    result = other_project.runpytest_subprocess(
+        "-p", "no:hypothesispytest", "--zero3-impl=installed", "--zero3-select=base-a", "--co", "-q"
+    )
     assert result.ret == 0, result.outlines
     out = result.stdout.str()
     assert "test_baseline.py::test_mlp_parity_prefetch_off" in out and "test_theirs" not in out
-    result = other_project.runpytest_subprocess("-p", "no:hypothesispytest", "--zero3-impl=installed",
-                                                "tests/test_theirs.py", "--co", "-q")
+    result = other_project.runpytest_subprocess(
+        "-p", "no:hypothesispytest", "--zero3-impl=installed", "tests/test_theirs.py", "--co", "-q"
+    )
     assert "tests/test_theirs.py::test_theirs" in result.stdout.str() and "conformance" not in result.stdout.str()
     result = other_project.runpytest_subprocess("-p", "no:hypothesispytest", "--co", "-q")  # no option: theirs
     assert "tests/test_theirs.py::test_theirs" in result.stdout.str() and "conformance" not in result.stdout.str()
@@ -87,14 +90,37 @@ def test_wheel_adds_only_pytest_zero3(tmp_path):
         (src / name).write_bytes((ROOT / name).read_bytes())
     for pkg in ("pytest_zero3", "conformance", "fixtures", "reference_impl"):
         subprocess.run(["cp", "-r", str(ROOT / pkg), str(src / pkg)], check=True)
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                          "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"pytest_zero3", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    for needed in ("pytest_zero3/conformance/contracts.toml", "pytest_zero3/conformance/expectations/deepspeed-0.19.8.toml",
-                   "pytest_zero3/conformance/test_baseline.py", "pytest_zero3/fixtures/family_000.py",
-                   "pytest_zero3/reference_impl/install.py", "pytest_zero3/plugin.py"):
+    assert {n.split("/")[0] for n in names} == {
+        "pytest_zero3",
+        wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",
+    }
+    for needed in (
+        "pytest_zero3/conformance/contracts.toml",
+        "pytest_zero3/conformance/expectations/deepspeed-0.19.8.toml",
+        "pytest_zero3/conformance/test_baseline.py",
+        "pytest_zero3/fixtures/family_000.py",
+        "pytest_zero3/reference_impl/install.py",
+        "pytest_zero3/plugin.py",
+    ):
         assert needed in names, f"{needed} missing from the wheel"
     assert not any("__pycache__" in n for n in names)

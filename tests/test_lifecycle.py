@@ -1,4 +1,5 @@
 """Process lifecycle: no orphans after SIGTERM, pytest -n, torchrun launcher mode (issue: foundation §3)."""
+
 import os
 import shutil
 import signal
@@ -27,9 +28,14 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
     env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(DATA / "hang_case.py"),
-                             "--zero3-timeout=600"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(DATA / "hang_case.py"), "--zero3-timeout=600"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for(lambda: len(list(markers.iterdir())) == 2, 120, "both ranks to start")
         ranks = [int(p.name.split("-")[1]) for p in markers.iterdir()]
@@ -41,8 +47,13 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                              for p in descendants), 20, "every rank and the forkserver to exit")
+    _wait_for(
+        lambda: (
+            not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in descendants)
+        ),
+        20,
+        "every rank and the forkserver to exit",
+    )
     assert "KeyboardInterrupt" in out or "SIGTERM" in out
 
 
@@ -54,12 +65,31 @@ def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
 
 def _torchrun(tmp_path, case, *args, timeout=300):
     # PYTHONPATH: the plugin of this checkout, not whichever one is installed (cwd is not the checkout)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     start = time.monotonic()
-    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", "-m", "pytest", "-p",
-                           "no:cacheprovider", str(DATA / case), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [
+            "torchrun",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            str(DATA / case),
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
@@ -91,17 +121,21 @@ def test_torchrun_rank_process_exit_stops_the_others_with_the_reason(tmp_path):
 
 def test_stuck_forkserver_preload_is_a_reported_failure_not_a_hang(run_pytest):
     # 45 s: enough for the preload's torch and deepspeed imports on a busy 2-core box before it blocks
-    run = run_pytest(str(DATA / "stuck_preload_case.py"), "--zero3-timeout=5", "--zero3-startup-timeout=45",
-                     timeout=300)
+    run = run_pytest(
+        str(DATA / "stuck_preload_case.py"), "--zero3-timeout=5", "--zero3-startup-timeout=45", timeout=300
+    )
     assert run.returncode == 1, run.stdout
-    assert ("the forkserver that preloads torch and deepspeed did not become ready within 45 s (its start-up "
-            "budget, separate from the scenario timeout: raise it with --zero3-startup-timeout=SECONDS)") in run.stdout
+    assert (
+        "the forkserver that preloads torch and deepspeed did not become ready within 45 s (its start-up "
+        "budget, separate from the scenario timeout: raise it with --zero3-startup-timeout=SECONDS)"
+    ) in run.stdout
     assert "in _block_forever_at_import" in run.stdout  # its stack shows where it waits
 
 
 def test_forkserver_start_up_does_not_count_against_the_scenario_timeout(run_pytest):
     """A preload of 8 s (plus torch and deepspeed) under a 4 s scenario timeout: the test passes."""
-    run = run_pytest(str(DATA / "slow_preload_case.py"), "--zero3-timeout=4",
-                     env={"ZERO3_SLOW_IMPORT_SECONDS": "8"}, timeout=300)
+    run = run_pytest(
+        str(DATA / "slow_preload_case.py"), "--zero3-timeout=4", env={"ZERO3_SLOW_IMPORT_SECONDS": "8"}, timeout=300
+    )
     assert run.returncode == 0, run.stdout
     assert "1 passed" in run.stdout

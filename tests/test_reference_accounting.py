@@ -11,6 +11,7 @@ forward pre-hook, after DeepSpeed's fetch and prefetch: it must be the same on e
 
 Cost: one 1-rank world, 100 steps of a 6-layer 16-wide MLP, about 15 s on the 2-core CI machine.
 """
+
 import pytest
 import torch
 
@@ -28,10 +29,12 @@ def gathered_volume_per_step(install: bool) -> list:
     and backward every parameter is gathered and partitioned again by ``GatheredParameters``."""
     import deepspeed
     from pytest_zero3 import reference_impl
+
     if install:
         reference_impl.install()
-    config = zero3_config(scenario.world_size(), zero={"stage3_prefetch_bucket_size": 2 * LAYER,
-                                                       "stage3_max_live_parameters": 8 * LAYER})
+    config = zero3_config(
+        scenario.world_size(), zero={"stage3_prefetch_bucket_size": 2 * LAYER, "stage3_max_live_parameters": 8 * LAYER}
+    )
     engine = eng.build(lambda: MLP(6), config)
     params = list(engine.module.parameters())
     seen = []
@@ -61,5 +64,7 @@ def test_outside_gathers_keep_prefetch_volume_constant(zero3_world):
         steady = seen[1]  # step 0 records the trace, prefetch follows it from step 1
         assert max(steady) > LAYER, f"rank {rank}: prefetch never ran, the case proves nothing: {steady}"
         drift = [(step, volumes) for step, volumes in enumerate(seen[1:], start=1) if volumes != steady]
-        assert not drift, (f"rank {rank}: gathered numel at the forward pre-hooks changed after outside "
-                           f"gathers; step 1 {steady}, then (step, volumes) {drift[:3]}")
+        assert not drift, (
+            f"rank {rank}: gathered numel at the forward pre-hooks changed after outside "
+            f"gathers; step 1 {steady}, then (step, volumes) {drift[:3]}"
+        )

@@ -11,6 +11,7 @@ The ``eager`` backend keeps dynamo's tracing (what the guards are about) without
 build.  Cost: one 1-rank world, two compiled engines of 3 steps: dynamo tracing dominates, about 30 s on the
 2-core CI machine (measured 145 s with 2 ranks on a machine at load 20).
 """
+
 import pytest
 
 from pytest_zero3.fixtures import engine as eng
@@ -25,6 +26,7 @@ def traced_under_compile() -> list:
     """Patch the reference's inner fetch and release to note whether dynamo is tracing them."""
     import torch
     from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
+
     seen = []
     for name in ("_fetch", "_release"):
         original = getattr(ReferenceCoordinator, name)
@@ -33,6 +35,7 @@ def traced_under_compile() -> list:
             if torch.compiler.is_compiling():
                 seen.append(_name)
             return _original(self, *args, **kwargs)
+
         setattr(ReferenceCoordinator, name, probe)
     return seen
 
@@ -40,6 +43,7 @@ def traced_under_compile() -> list:
 def compiled_losses() -> dict:
     import torch
     from pytest_zero3 import reference_impl
+
     traced = traced_under_compile()
     out = {}
     for impl in ("stock", "reference"):
@@ -48,7 +52,9 @@ def compiled_losses() -> dict:
         else:
             reference_impl.uninstall()
         torch._dynamo.reset()
-        engine = eng.build(lambda: MLP(2), zero3_config(scenario.world_size(), zero={"stage3_prefetch_bucket_size": 300}))
+        engine = eng.build(
+            lambda: MLP(2), zero3_config(scenario.world_size(), zero={"stage3_prefetch_bucket_size": 300})
+        )
         engine.compile(backend="eager")
         assert engine.is_compiled
         coordinator = type(eng.coordinator(engine)).__name__
@@ -69,8 +75,11 @@ def test_compiled_engine_trains_as_with_stock(zero3_world):
     for rank, res in enumerate(zero3_world.run(compiled_losses)):
         assert res["reference"]["coordinator"] == "ReferenceCoordinator", res
         assert res["stock"]["coordinator"] == "PartitionedParameterCoordinator", res
-        assert not res["traced"], (f"rank {rank}: torch.compile traced into the reference coordinator's "
-                                   f"{res['traced']}: its entry points must be excluded from compilation")
+        assert not res["traced"], (
+            f"rank {rank}: torch.compile traced into the reference coordinator's "
+            f"{res['traced']}: its entry points must be excluded from compilation"
+        )
         assert res["reference"]["losses"] == res["stock"]["losses"], (
             f"rank {rank}: compiled losses differ:\n  stock     {res['stock']['losses']}\n"
-            f"  reference {res['reference']['losses']}")
+            f"  reference {res['reference']['losses']}"
+        )

@@ -8,8 +8,14 @@ only subclasses of the reference: a class gets them when its constructor names a
 
 
 class NamesAdaptiveKeywords:
-    def __init__(self, prefetch_bucket_sz, adaptive_prefetch=False, adaptive_prefetch_min_sz=0,
-                 adaptive_prefetch_max_sz=0, dp_process_group=None):
+    def __init__(
+        self,
+        prefetch_bucket_sz,
+        adaptive_prefetch=False,
+        adaptive_prefetch_min_sz=0,
+        adaptive_prefetch_max_sz=0,
+        dp_process_group=None,
+    ):
         pass
 
 
@@ -28,6 +34,7 @@ def test_adaptive_keywords_reach_any_class_that_takes_them():
 
     from pytest_zero3.reference_impl import ReferenceCoordinator
     from pytest_zero3.reference_impl.install import accepts_adaptive_keywords
+
     assert accepts_adaptive_keywords(ReferenceCoordinator)
     assert accepts_adaptive_keywords(NamesAdaptiveKeywords)
     assert accepts_adaptive_keywords(TakesKwargs)
@@ -40,6 +47,13 @@ def test_reference_rejects_unknown_keywords():
     import pytest
 
     from pytest_zero3.reference_impl import ReferenceCoordinator
+
     with pytest.raises(TypeError, match="future_keyword"):
-        ReferenceCoordinator(prefetch_bucket_sz=0, max_reuse_distance_in_numel=0, max_available_parameters_in_numel=0,
-                             allgather_stream=None, inflight_param_registry={}, future_keyword=1)
+        ReferenceCoordinator(
+            prefetch_bucket_sz=0,
+            max_reuse_distance_in_numel=0,
+            max_available_parameters_in_numel=0,
+            allgather_stream=None,
+            inflight_param_registry={},
+            future_keyword=1,
+        )

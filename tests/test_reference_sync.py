@@ -13,6 +13,7 @@ pass: it checks the trace is the same on every rank, as stock does, once per re-
 
 Cost: one 2-rank world, 5 steps of a 4-layer MLP, about 10 s on the 2-core CI machine.
 """
+
 import time
 
 import torch
@@ -37,6 +38,7 @@ class Counts:
 
 class CountingEvent:
     """Stand-in for a device event: records host time; ``query()`` is always done (CPU)."""
+
     counts = None
 
     def __init__(self, enable_timing=False):
@@ -59,6 +61,7 @@ def host_syncs_per_fetch() -> dict:
     """Per fetch on a complete trace: ``(pass, index in pass, host syncs, decision taken)``."""
     from pytest_zero3 import reference_impl
     from deepspeed.accelerator import get_accelerator
+
     reference_impl.install()
     counts = Counts()
     CountingEvent.counts = counts
@@ -72,7 +75,7 @@ def host_syncs_per_fetch() -> dict:
         counts.item += 1
         return item(self)
 
-    engine = eng.build(lambda: MLP(4), adaptive_config(LAYER_NUMEL, 0, 10 ** 9))
+    engine = eng.build(lambda: MLP(4), adaptive_config(LAYER_NUMEL, 0, 10**9))
     coord = eng.coordinator(engine)
     coord.adaptive.interval = INTERVAL
     fetch, release, reset = coord.fetch_sub_module, coord.release_sub_module, coord.reset_step
@@ -93,6 +96,7 @@ def host_syncs_per_fetch() -> dict:
                     state["index"] += 1
                 elif syncs:
                     outside.append((state["pass"], where, syncs))
+
         return run
 
     def counted_reset():
@@ -123,8 +127,10 @@ def test_no_host_sync_on_the_fetch_path(zero3_world):
         assert not outside, f"rank {rank}: host syncs outside fetches (pass, where, n): {outside}"
         syncing = [r for r in res["records"] if r[2]]
         wrong = [r for r in syncing if not r[3] or r[2] > 1 or r[1] != INTERVAL - 1]
-        assert not wrong, (f"rank {rank}: host syncs on fetches that are not the pass's one decision point "
-                           f"(trace step {INTERVAL - 1}); (pass, fetch, syncs, decided): {wrong}")
+        assert not wrong, (
+            f"rank {rank}: host syncs on fetches that are not the pass's one decision point "
+            f"(trace step {INTERVAL - 1}); (pass, fetch, syncs, decided): {wrong}"
+        )
         per_pass = {}
         for r in syncing:
             per_pass[r[0]] = per_pass.get(r[0], 0) + r[2]

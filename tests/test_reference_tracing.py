@@ -8,6 +8,7 @@ step and the parameters that changed.
 
 Cost: one 1-rank world, 3 steps of a 3-layer MLP, about 5 s on the 2-core CI machine.
 """
+
 import pytest
 
 from pytest_zero3.fixtures import engine as eng
@@ -19,6 +20,7 @@ from pytest_zero3 import scenario
 def changed_params_after_trace() -> str:
     import deepspeed
     from pytest_zero3 import reference_impl
+
     reference_impl.install()
     engine = eng.build(lambda: MLP(3), zero3_config(scenario.world_size()))
     for step in range(2):  # record, then one pass on the complete trace

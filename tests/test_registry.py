@@ -3,6 +3,7 @@ the README's tables come from it, and the report lists registered contracts that
 
 Cost: the registry checks read source files (milliseconds); three small pytester runs, no world.
 """
+
 import ast
 import re
 
@@ -33,10 +34,16 @@ def test_every_registered_contract_has_a_test_and_every_marker_is_registered():
     unregistered ID is a contract the report, the README and --zero3-select cannot describe."""
     known, used = registry.load(), markers_in_suite()
     assert known, "conformance/contracts.toml lists no contract"
-    assert not sorted(set(known) - set(used)), f"registered but no test carries the marker: {sorted(set(known) - set(used))}"
+    assert not sorted(set(known) - set(used)), (
+        f"registered but no test carries the marker: {sorted(set(known) - set(used))}"
+    )
     assert not sorted(set(used) - set(known)), f"markers naming unregistered IDs: {sorted(set(used) - set(known))}"
-    stale = [(cid, f, line) for cid, places in used.items() for f, line, text in places
-             if text is not None and text != known[cid].statement]
+    stale = [
+        (cid, f, line)
+        for cid, places in used.items()
+        for f, line, text in places
+        if text is not None and text != known[cid].statement
+    ]
     assert not stale, f"markers whose statement differs from the registry's (give the ID only): {stale}"
     for cid, c in known.items():
         assert re.fullmatch(r"[0-9a-z]+-[a-z]", cid) and c.family == cid.split("-")[0], cid
@@ -51,12 +58,15 @@ def test_readme_tables_are_rendered_from_the_registry_and_the_flag_table():
         assert readme.section(text, name) == make(), f"README's {name} table is stale: run python tests/readme.py"
 
 
-@pytest.mark.parametrize("marker, message", [
-    ('zero3_contract("000-a", stament="typo")', "unknown keyword stament; it takes id= and statement="),
-    ('zero3_contract("999-z")', "'999-z' is not in conformance/contracts.toml; register it there, or give"),
-    ('zero3_contract("000-a", id="000-b")', "id given both by position and by keyword"),
-    ("zero3_contract()", "give the contract ID"),
-])
+@pytest.mark.parametrize(
+    "marker, message",
+    [
+        ('zero3_contract("000-a", stament="typo")', "unknown keyword stament; it takes id= and statement="),
+        ('zero3_contract("999-z")', "'999-z' is not in conformance/contracts.toml; register it there, or give"),
+        ('zero3_contract("000-a", id="000-b")', "id given both by position and by keyword"),
+        ("zero3_contract()", "give the contract ID"),
+    ],
+)
 def test_bad_contract_markers_are_usage_errors_naming_the_test(pytester, marker, message):
     pytester.makepyfile(test_m=f"import pytest\n\n@pytest.mark.{marker}\ndef test_c():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:hypothesispytest")
@@ -68,7 +78,8 @@ def test_bad_contract_markers_are_usage_errors_naming_the_test(pytester, marker,
 def test_keyword_markers_and_not_run_rows(pytester):
     """Why: `zero3_contract(id=..., statement=...)` is the natural spelling for one's own contract,
     and a registered contract that was selected but never ran must not vanish from the report."""
-    pytester.makepyfile(test_k='''
+    pytester.makepyfile(
+        test_k="""
         import pytest
 
         @pytest.mark.zero3_contract(id="000-a")
@@ -78,15 +89,19 @@ def test_keyword_markers_and_not_run_rows(pytester):
         @pytest.mark.zero3_contract(id="950-a", statement="my own contract")
         def test_own():
             pass
-    ''')
+    """
+    )
     report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess("test_k.py", "-p", "no:hypothesispytest", f"--zero3-report={report}",
-                                           "--zero3-select=000,950")
+    result = pytester.runpytest_subprocess(
+        "test_k.py", "-p", "no:hypothesispytest", f"--zero3-report={report}", "--zero3-select=000,950"
+    )
     assert result.ret == 0, result.outlines
     import json
+
     rows = {r["id"]: r for r in json.loads(report.read_text())["contracts"]}
     assert rows["000-a"]["outcome"] == "pass" and rows["000-a"]["source"] == registry.load()["000-a"].source
     assert rows["950-a"] == {**rows["950-a"], "outcome": "pass", "statement": "my own contract", "source": ""}
     assert {cid for cid, r in rows.items() if r["outcome"] == "not_run"} == {
-        cid for cid in registry.load() if cid.startswith("000-") and cid != "000-a"}
+        cid for cid in registry.load() if cid.startswith("000-") and cid != "000-a"
+    }
     result.stdout.fnmatch_lines(["*000-b *not run*"])

@@ -4,6 +4,7 @@ Checks what a reader of the README table relies on: a known failure shows as FAI
 message, the first release whose outcome changed is named, a release that could not run is a column
 saying why, and only the marked block of the README is rewritten.
 """
+
 import importlib.util
 import json
 import pathlib
@@ -22,27 +23,52 @@ def render():
 
 
 def _report(version, outcomes):
-    rows = [dict(id=cid, family=cid.split("-")[0], statement=f"statement of {cid}", outcome=out,
-                 reason="listed reason" if out == "known failure" else f"why {cid}",
-                 message=f"AssertionError: {cid} on {version}" if out in ("FAIL", "known failure") else "",
-                 duration=0.1, tests=[], ranks=[]) for cid, out in outcomes.items()]
-    summary = {k: sum(r["outcome"] == k for r in rows)
-               for k in ("pass", "FAIL", "unsupported", "known failure", "unexpected pass", "skipped")}
+    rows = [
+        dict(
+            id=cid,
+            family=cid.split("-")[0],
+            statement=f"statement of {cid}",
+            outcome=out,
+            reason="listed reason" if out == "known failure" else f"why {cid}",
+            message=f"AssertionError: {cid} on {version}" if out in ("FAIL", "known failure") else "",
+            duration=0.1,
+            tests=[],
+            ranks=[],
+        )
+        for cid, out in outcomes.items()
+    ]
+    summary = {
+        k: sum(r["outcome"] == k for r in rows)
+        for k in ("pass", "FAIL", "unsupported", "known failure", "unexpected pass", "skipped")
+    }
     summary["total"] = len(rows)
-    return dict(schema="pytest-zero3/report", version=1, summary=summary, contracts=rows,
-                implementation=dict(deepspeed=version, torch="2.13.0", backend="gloo", world_size=2))
+    return dict(
+        schema="pytest-zero3/report",
+        version=1,
+        summary=summary,
+        contracts=rows,
+        implementation=dict(deepspeed=version, torch="2.13.0", backend="gloo", world_size=2),
+    )
 
 
 def test_matrix_in_readme_and_messages(render, tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()
-    for v, outcomes in {"0.19.2": {"002-a": "known failure", "003-a": "unsupported"},
-                        "0.19.10": {"002-a": "pass", "003-a": "unsupported"}}.items():
+    for v, outcomes in {
+        "0.19.2": {"002-a": "known failure", "003-a": "unsupported"},
+        "0.19.10": {"002-a": "pass", "003-a": "unsupported"},
+    }.items():
         (reports / f"deepspeed-{v}.json").write_text(json.dumps(_report(v, outcomes)))
-        (reports / f"deepspeed-{v}.status.json").write_text(json.dumps(
-            dict(torch="2.13.0", default_torch="2.13.0", exit="0", expectations=f"deepspeed-{v}.toml", seconds="5")))
-    (reports / "deepspeed-0.15.4.status.json").write_text(json.dumps(
-        dict(torch="2.13.0", default_torch="2.13.0", error="import deepspeed fails on torch 2.13.0: ImportError: x")))
+        (reports / f"deepspeed-{v}.status.json").write_text(
+            json.dumps(
+                dict(torch="2.13.0", default_torch="2.13.0", exit="0", expectations=f"deepspeed-{v}.toml", seconds="5")
+            )
+        )
+    (reports / "deepspeed-0.15.4.status.json").write_text(
+        json.dumps(
+            dict(torch="2.13.0", default_torch="2.13.0", error="import deepspeed fails on torch 2.13.0: ImportError: x")
+        )
+    )
     readme = tmp_path / "README.md"
     readme.write_text("before\n<!-- release-matrix:start -->\nold table\n<!-- release-matrix:end -->\nafter\n")
 

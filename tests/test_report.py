@@ -1,4 +1,5 @@
 """The conformance report, expectations, --zero3-select and the console script (issue 8)."""
+
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -20,8 +21,16 @@ def test_table_json_markdown_and_junit(run_pytest, tmp_path):
 
     doc = run.report
     assert (doc["schema"], doc["version"]) == ("pytest-zero3/report", 2)
-    assert doc["summary"] == {"pass": 1, "fail": 1, "unsupported": 1, "known_failure": 0,
-                              "unexpected_pass": 0, "skipped": 0, "not_run": 0, "total": 3}
+    assert doc["summary"] == {
+        "pass": 1,
+        "fail": 1,
+        "unsupported": 1,
+        "known_failure": 0,
+        "unexpected_pass": 0,
+        "skipped": 0,
+        "not_run": 0,
+        "total": 3,
+    }
     assert doc["implementation"]["backend"] == "gloo" and doc["implementation"]["world_size"] == 2
     assert doc["implementation"]["coordinator"].endswith("PartitionedParameterCoordinator")
     rows = {c["id"]: c for c in doc["contracts"]}
@@ -32,15 +41,20 @@ def test_table_json_markdown_and_junit(run_pytest, tmp_path):
     assert rows["900-a"]["duration"] > 0 and rows["900-a"]["tests"] == ["tests/data/contracts_case.py::test_pass"]
 
     assert "| 900-b | every rank is rank zero | **FAIL** |" in md.read_text()
-    props = {(tc.get("name"), p.get("name"), p.get("value"))
-             for tc in ET.parse(junit).iter("testcase") for p in tc.iter("property")}
+    props = {
+        (tc.get("name"), p.get("name"), p.get("value"))
+        for tc in ET.parse(junit).iter("testcase")
+        for p in tc.iter("property")
+    }
     assert ("test_fail", "zero3_contract", "900-b") in props
 
 
 def test_expectations_known_failure_unexpected_pass_and_unknown_id(run_pytest, tmp_path):
     expect = tmp_path / "expect.toml"
-    expect.write_text('# known for this implementation\n[expected_failures]\n'
-                      '"900-b" = "by construction"\n"900-a" = "listed but passes"\n"999-z" = "no such contract"\n')
+    expect.write_text(
+        "# known for this implementation\n[expected_failures]\n"
+        '"900-b" = "by construction"\n"900-a" = "listed but passes"\n"999-z" = "no such contract"\n'
+    )
     run = run_pytest(CASE, f"--zero3-expect={expect}")
     assert run.returncode == 0, run.stdout
     assert run.outcomes() == {"900-a": "unexpected_pass", "900-b": "known_failure", "901-a": "unsupported"}
@@ -59,7 +73,12 @@ def test_select_runs_only_matching_contracts(run_pytest):
 
 
 def test_console_script_runs_the_installed_suite():
-    out = subprocess.run([sys.executable, "-m", "pytest_zero3.cli", "--co", "-q", "--zero3-select=base-a"],
-                         capture_output=True, text=True, cwd="/", timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_zero3.cli", "--co", "-q", "--zero3-select=base-a"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "conformance/test_baseline.py::test_mlp_parity_prefetch_off" in out.stdout

@@ -5,6 +5,7 @@ Every test names the DeepSpeed passage its rule comes from: the ZeRO config docs
 ``runtime/zero/partitioned_param_coordinator.py`` (PPC) and ``parameter_offload.py`` (PO), and the
 seeds (DeepSpeed PRs 9003, 8883, 8148, 8431).
 """
+
 from pytest_zero3.fixtures import rules as r
 from pytest_zero3.fixtures.rules import BWD_POST, BWD_PRE, END, FWD_POST, FWD_PRE, Event
 
@@ -101,8 +102,9 @@ def test_window_keeps_are_rule_c():
     bad = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), RELEASE_ALL, gathers=ONCE_EACH)])
     assert [(v.rule, v.param) for v in bad] == [("rule-c", "w2"), ("rule-f", "w2")]
     wider = dataclass_replace(cfg, reuse_distance=2 * N + 1)  # one element more: w1's backward use is in
-    assert ("rule-c", "w1") in [(v.rule, v.param) for v in r.judge(wider, [step(mlp_events(), RELEASE_ALL),
-                                                                           step(mlp_events(), good)])]
+    assert ("rule-c", "w1") in [
+        (v.rule, v.param) for v in r.judge(wider, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), good)])
+    ]
 
 
 def test_running_module_params_are_rule_a():
@@ -119,11 +121,17 @@ def test_recompute_frozen_params_stay_for_the_owning_backward():
     to the backward module that triggered it and released with its backward, not at the recompute's
     forward end (else CheckpointError).  Trace: F (frozen, checkpointed) -> T; backward of T recomputes F."""
     numel = {"f": N, "t": N}
-    events = [ev(FWD_PRE, "F", params=["f"]), ev(FWD_POST, "F", params=["f"]),
-              ev(FWD_PRE, "T", params=["t"]), ev(FWD_POST, "T", params=["t"]),
-              ev(BWD_PRE, "T", params=["t"]),
-              ev(FWD_PRE, "F", True, ["f"]), ev(FWD_POST, "F", True, ["f"]),
-              ev(BWD_POST, "T", params=["t"]), ev(END)]
+    events = [
+        ev(FWD_PRE, "F", params=["f"]),
+        ev(FWD_POST, "F", params=["f"]),
+        ev(FWD_PRE, "T", params=["t"]),
+        ev(FWD_POST, "T", params=["t"]),
+        ev(BWD_PRE, "T", params=["t"]),
+        ev(FWD_PRE, "F", True, ["f"]),
+        ev(FWD_POST, "F", True, ["f"]),
+        ev(BWD_POST, "T", params=["t"]),
+        ev(END),
+    ]
     cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0, frozen=frozenset({"f"}))
     good = ["f", "", "t", "", "t", "t f", "t f", "", ""]
     assert r.judge(cfg, [step(events, good, numel)] * 2) == []
@@ -135,6 +143,7 @@ def test_recompute_frozen_params_stay_for_the_owning_backward():
 
 def dataclass_replace(obj, **kw):
     import dataclasses
+
     return dataclasses.replace(obj, **kw)
 
 
@@ -207,10 +216,13 @@ def test_changed_order_retraces():
     swapped = [ev(FWD_PRE, "L1"), ev(FWD_POST, "L1"), ev(FWD_PRE, "L0"), ev(FWD_POST, "L0"), ev(END)]
     trace = r.Trace()
     keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2", "w0 w1 w2", "w0 w1 w2", "w0 w1", "w0 w1", "w0", "w0", ""]
-    steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep),
-             step(swapped, ["w1", "", "w0", "", ""]),  # deviates at its first fetch: release everything
-             step(mlp_events(), RELEASE_ALL),  # records
-             step(mlp_events(), keep, complete=False)]
+    steps = [
+        step(mlp_events(), RELEASE_ALL),
+        step(mlp_events(), keep),
+        step(swapped, ["w1", "", "w0", "", ""]),  # deviates at its first fetch: release everything
+        step(mlp_events(), RELEASE_ALL),  # records
+        step(mlp_events(), keep, complete=False),
+    ]
     violations = r.judge(cfg, steps, trace)
     assert [(v.rule, v.step) for v in violations] == [("rule-g", 4)]
     assert trace.mode == "complete" and [m for m, _ in trace.modules][:3] == ["L0", "L1", "L2"]
@@ -233,9 +245,14 @@ def test_early_stopped_recompute_is_closed_by_the_backward():
     module.  With checkpoint early stop on, a recompute's forward may never reach its post hook; the
     module's own post-backward ends that claim, and its params go."""
     numel = {"t": N}
-    events = [ev(FWD_PRE, "T", params=["t"]), ev(FWD_POST, "T", params=["t"]),
-              ev(BWD_PRE, "T", params=["t"]), ev(FWD_PRE, "T", True, ["t"]),  # recompute, stopped early
-              ev(BWD_POST, "T", params=["t"]), ev(END)]
+    events = [
+        ev(FWD_PRE, "T", params=["t"]),
+        ev(FWD_POST, "T", params=["t"]),
+        ev(BWD_PRE, "T", params=["t"]),
+        ev(FWD_PRE, "T", True, ["t"]),  # recompute, stopped early
+        ev(BWD_POST, "T", params=["t"]),
+        ev(END),
+    ]
     cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
     assert r.judge(cfg, [step(events, ["t", "", "t", "t", "", ""], numel)] * 2) == []
 
@@ -246,8 +263,17 @@ def test_persistent_params_after_an_invalidation_are_not_judged():
     second gather of a persistent param in that step is allowed."""
     cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=N)
     keep = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2"] + ["w0 w1 w2"] * 7
-    swapped = [ev(FWD_PRE, "L1"), ev(FWD_POST, "L1"), ev(FWD_PRE, "L0"), ev(FWD_POST, "L0"),
-               ev(BWD_PRE, "L0"), ev(BWD_POST, "L0"), ev(BWD_PRE, "L1"), ev(BWD_POST, "L1"), ev(END)]
+    swapped = [
+        ev(FWD_PRE, "L1"),
+        ev(FWD_POST, "L1"),
+        ev(FWD_PRE, "L0"),
+        ev(FWD_POST, "L0"),
+        ev(BWD_PRE, "L0"),
+        ev(BWD_POST, "L0"),
+        ev(BWD_PRE, "L1"),
+        ev(BWD_POST, "L1"),
+        ev(END),
+    ]
     dropped = step(swapped, ["w1", "", "w0", "", "w0", "", "w1", "", ""], gathers={"w0": 2, "w1": 2})
     assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), keep), dropped]) == []
 
@@ -255,6 +281,7 @@ def test_persistent_params_after_an_invalidation_are_not_judged():
 def test_rule_statements_are_the_registry_statements():
     """The model names its rules in failures; the report takes the registry's text: they must agree."""
     from pytest_zero3 import registry
+
     contracts = registry.load()
     assert {rule: contracts[rule].statement for rule in r.RULES} == r.RULES
 
@@ -263,5 +290,6 @@ def test_default_examples_are_reproducible():
     """The rule family's default examples are the same on every run: CI must not flake on a new draw."""
     import json
     from pytest_zero3.conformance import test_rule_oracle as oracle
+
     assert json.dumps(oracle.draw_examples(4, None)) == json.dumps(oracle.draw_examples(4, None))
     assert json.dumps(oracle.draw_examples(4, 7)) != json.dumps(oracle.draw_examples(4, None))

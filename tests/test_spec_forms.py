@@ -1,4 +1,5 @@
 """Each --zero3-impl form reaches every rank (issue: foundation §2 and §4)."""
+
 import os
 import re
 
@@ -15,6 +16,7 @@ def identity(run):
 
 def test_installed(run_pytest):
     import importlib.util
+
     path, cls = identity(run_pytest(CASE, "-s"))
     assert path == os.path.dirname(importlib.util.find_spec("deepspeed").origin)
     assert cls == "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
@@ -37,6 +39,7 @@ def test_file_and_module_class_forms(run_pytest):
     data = ROOT / "tests" / "data"
     _, cls = identity(run_pytest(CASE, "-s", f"--zero3-impl={data / 'coordinator_subclass.py'}:RenamedCoordinator"))
     assert cls.endswith("coordinator_subclass.RenamedCoordinator")
-    _, cls = identity(run_pytest(CASE, "-s", "--zero3-impl=coordinator_subclass:RenamedCoordinator",
-                                 env={"PYTHONPATH": str(data)}))
+    _, cls = identity(
+        run_pytest(CASE, "-s", "--zero3-impl=coordinator_subclass:RenamedCoordinator", env={"PYTHONPATH": str(data)})
+    )
     assert cls == "coordinator_subclass.RenamedCoordinator"

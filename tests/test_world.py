@@ -1,4 +1,5 @@
 """The world harness: results, failures, hangs, deaths, skips, isolation (issue: foundation §3)."""
+
 import os
 import signal
 
@@ -12,6 +13,7 @@ from pytest_zero3.world import WorldFailure
 def all_reduce_rank_sum():
     import torch
     import torch.distributed as dist
+
     t = torch.tensor([float(scenario.rank() + 1)])
     dist.all_reduce(t)
     return scenario.rank(), scenario.world_size(), t.item(), os.getpid()
@@ -36,6 +38,7 @@ def test_world_size_marker(zero3_world):
 def deepspeed_sees_world():
     """DeepSpeed's CPU accelerator derives its device count from LOCAL_SIZE: multi-rank must not be skipped."""
     from deepspeed.accelerator import get_accelerator
+
     return get_accelerator().device_count(), os.environ.get("DS_ACCELERATOR")
 
 
@@ -47,6 +50,7 @@ def raise_on_rank_one():
     if scenario.rank() == 1:
         raise ValueError("rank one broke")
     import torch.distributed as dist
+
     dist.barrier()  # rank 0 would wait here forever without the harness
 
 
@@ -55,7 +59,7 @@ def test_rank_exception_fails_with_each_rank_labelled(zero3_world):
         zero3_world.run(raise_on_rank_one)
     text = str(info.value)
     assert "rank 1: raised: ValueError: rank one broke" in text
-    assert 'in raise_on_rank_one\n' in text and "raise ValueError" in text
+    assert "in raise_on_rank_one\n" in text and "raise ValueError" in text
     assert "rank 0: " in text and "rank 0: passed" not in text  # rank 0 failed in barrier or was stopped
 
 
@@ -74,6 +78,7 @@ def test_passing_rank_is_reported_as_passed(zero3_world):
 
 def wait_forever_in_named_function():
     import threading
+
     threading.Event().wait()  # blocks until killed
 
 
@@ -81,6 +86,7 @@ def hang_on_rank_zero():
     if scenario.rank() == 0:
         wait_forever_in_named_function()
     import torch.distributed as dist
+
     dist.barrier()
 
 
@@ -101,6 +107,7 @@ def kill_self(sig):
     if scenario.rank() == 1:
         os.kill(os.getpid(), sig)
     import torch.distributed as dist
+
     dist.barrier()
 
 
@@ -169,6 +176,7 @@ def test_rank_output_is_in_the_failure_text(zero3_world):
 
 def unpicklable_result():
     import threading
+
     return threading.Lock()
 
 
@@ -179,6 +187,7 @@ def test_unpicklable_result_is_a_clear_failure(zero3_world):
 
 def block_with_stack_signal_ignored():
     import threading
+
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # this rank will never write a stack
     threading.Event().wait()
 
@@ -189,6 +198,7 @@ def test_stacks_of_live_ranks_are_awaited_together(zero3_world):
     """Four hung ranks that never write a stack cost one stack wait (3 s), not four in a row (12 s)."""
     import time
     from pytest_zero3 import world
+
     start = time.monotonic()
     outcomes = zero3_world.outcomes(block_with_stack_signal_ignored)
     took = time.monotonic() - start
@@ -198,6 +208,7 @@ def test_stacks_of_live_ranks_are_awaited_together(zero3_world):
 
 def finish_when_asked_for_a_stack():
     import threading
+
     if scenario.rank() == 0:
         raise ValueError("rank zero broke")
     asked = threading.Event()
@@ -208,6 +219,7 @@ def finish_when_asked_for_a_stack():
 
 def test_rank_that_finishes_while_being_stopped_keeps_its_result(zero3_world, monkeypatch):
     from pytest_zero3 import world
+
     monkeypatch.setattr(world, "GRACE_SECONDS", 0.5)
     outcomes = zero3_world.outcomes(finish_when_asked_for_a_stack)
     assert outcomes[0].status == "raised"

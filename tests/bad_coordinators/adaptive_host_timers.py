@@ -6,11 +6,11 @@ when it should grow.  The reference times waits with device events on such devic
 keeps everything else and forces host timing.  Contract 003-g must flag it (on CUDA; on the CPU the
 contract is unsupported, and host timing is right there).
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class AdaptiveHostTimersCoordinator(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.adaptive is not None:

@@ -6,6 +6,7 @@ them; only the controller's own reset after a decision (a new interval) still em
 first decision under the new trace is made from waits of the old one.  Contract **003-d** must
 flag it, and no other 003 contract.
 """
+
 from pytest_zero3.reference_impl.adaptive import AdaptivePrefetchBucket
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
@@ -26,7 +27,6 @@ class _KeepSamples(AdaptivePrefetchBucket):
 
 
 class KeepSamplesAcrossInvalidation(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.adaptive is not None:

@@ -6,11 +6,11 @@ version of PR 8431 sampled unconditionally), so the controller reaches a decisio
 bucket, before or right after a re-recorded trace.  Contract **003-d** must flag it, and no other
 003 contract.
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class SamplesWhileRecording(ReferenceCoordinator):
-
     def _fetch(self, module, forward, is_leaf):
         if self.adaptive is not None and not self.is_complete_trace():  # the bug: no trace gate
             with self.adaptive.measure_wait():

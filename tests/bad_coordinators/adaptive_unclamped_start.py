@@ -5,11 +5,11 @@ This subclass overwrites it with the raw ``stage3_prefetch_bucket_size``, so a s
 bounds is applied at the first fetches, until the first decision clamps it.  Contract **003-c**
 must flag it, and no other 003 contract.
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class UnclampedStart(ReferenceCoordinator):
-
     def __init__(self, prefetch_bucket_sz, *args, **kwargs):
         super().__init__(prefetch_bucket_sz, *args, **kwargs)
         if self.adaptive is not None:

@@ -9,6 +9,7 @@ whole model, as if ZeRO-3 were off.  Every contract that reads residency in forw
 Contract that must flag it: **rule-b** (the module's params must be partitioned when its backward
 hook ends); see tests/flags.py.
 """
+
 from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 
@@ -16,7 +17,6 @@ reference_impl.install()
 
 
 class BackwardDefersRelease(ReferenceCoordinator):
-
     def release_sub_module(self, module, forward=False):
         if not forward and self.is_complete_trace():
             return  # the bug: left to release_backward_leftovers (the module stays in the backward set)

@@ -10,6 +10,7 @@ distances that are not boundaries of the backward part of the trace.
 Contract that must flag it: **rule-c** / **rule-b** at an exact boundary (a tied weight reused by the
 first module past the window); see tests/flags.py.
 """
+
 from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 
@@ -17,7 +18,6 @@ reference_impl.install()
 
 
 class BackwardWindowOffByOne(ReferenceCoordinator):
-
     def release_sub_module(self, module, forward=False):
         if forward:
             return super().release_sub_module(module, forward)

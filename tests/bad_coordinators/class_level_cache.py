@@ -6,6 +6,7 @@ to every coordinator and module that ever released a parameter on a complete tra
 for a coordinator are dropped when that coordinator's trace is invalidated and it hands out
 frozensets, so only the leak is reintroduced.  Contract 001-a must flag it (and only it).
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 

@@ -8,6 +8,7 @@ allocations shows the growth (about 60 bytes per fetch, for the whole run).
 Contract that must flag it: **001-d** with its retained-memory bound (tracemalloc over the
 coordinator's calls); see tests/flags.py.
 """
+
 from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 
@@ -15,7 +16,6 @@ reference_impl.install()
 
 
 class GrowsFetchLog(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._fetch_log = []

@@ -6,11 +6,11 @@ PR leaves unchanged (params stay resident from forward through backward).  Famil
 on the contracts that configure a non-zero distance (measured, see tests/flags.py) and
 pass the distance-0 ones (000-a, 000-c), where forcing 0 changes nothing.
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class IgnoresReuseDistance(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._max_reuse_distance = 0  # the bug: the configured window is dropped

@@ -15,6 +15,7 @@ unfinished backward module), so a bug confined to ``release_and_reset_all`` or
 erased by the safety net.  Contract **base-f** must flag it, and no other baseline contract (only
 its checkpointed model recomputes frozen params).
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
@@ -28,7 +29,6 @@ def _restore(kept):
 
 
 class KeepsRecomputeAttribution(ReferenceCoordinator):
-
     def release_sub_module(self, module, forward=False):
         kept = _attributions([module])
         super().release_sub_module(module, forward=forward)

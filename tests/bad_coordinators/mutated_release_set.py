@@ -9,6 +9,7 @@ release of a module mutates the set its forward release reads on the next step. 
 trace and keyed by ds_id, so only the mutation is reintroduced.  Contract 001-c must flag it (its
 reuse-one-layer case) and nothing else.
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
@@ -28,7 +29,6 @@ class _MutableSetTrace:
 
 
 class MutatedReleaseSetCoordinator(ReferenceCoordinator):
-
     def reset_step(self):
         super().reset_step()
         if self._trace is not None and not isinstance(self._trace, _MutableSetTrace):

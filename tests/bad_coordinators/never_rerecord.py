@@ -7,6 +7,7 @@ good, so it fetches on demand and releases at once (numerics and release stay co
 prefetches again.  Contract **base-g** (prefetch follows the re-recorded order) must flag it, and
 no other baseline contract.
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 

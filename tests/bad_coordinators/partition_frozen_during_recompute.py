@@ -10,6 +10,7 @@ has a reason to fail.
 
 Must be flagged by contract **002-a**, and by nothing outside family 002.
 """
+
 import torch
 
 from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
@@ -19,7 +20,6 @@ from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class PartitionFrozenDuringRecompute(ReferenceCoordinator):
-
     @torch.no_grad()
     def release_sub_module(self, module, forward=False):
         if forward and torch._C._current_graph_task_id() != -1:

@@ -7,6 +7,7 @@ params hides it from every check made after ``step()``.
 
 Contract that must flag it: **rule-e** (persistence within a step); see tests/flags.py.
 """
+
 from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 from pytest_zero3.reference_impl.trace import module_params
@@ -15,7 +16,6 @@ reference_impl.install()
 
 
 class PartitionsPersistentInBackward(ReferenceCoordinator):
-
     def release_sub_module(self, module, forward=False):
         super().release_sub_module(module, forward)
         if not forward:

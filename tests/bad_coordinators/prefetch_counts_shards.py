@@ -7,6 +7,7 @@ reads it), losses are unchanged, and the already-run-layer checks of 000-a do no
 
 Contract that must flag it: **rule-d** (applied prefetch volume); see tests/flags.py.
 """
+
 from typing import Set
 
 from pytest_zero3 import reference_impl
@@ -17,7 +18,6 @@ reference_impl.install()
 
 
 class PrefetchCountsShards(ReferenceCoordinator):
-
     def _prefetch(self) -> None:
         budget = min(self.prefetch_bucket_size, self._max_live_numel - self._live_numel)
         uses = self._trace.param_uses

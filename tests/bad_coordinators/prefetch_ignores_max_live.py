@@ -6,6 +6,7 @@ far beyond the configured live limit.  No contract today configures the limit.
 
 Contract that must flag it: **rule-d**; see tests/flags.py.
 """
+
 from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 
@@ -13,7 +14,6 @@ reference_impl.install()
 
 
 class PrefetchIgnoresMaxLive(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._max_live_numel = 10**18  # the bug: the configured limit is never applied

@@ -13,6 +13,7 @@ Use: ``--zero3-impl=tests/bad_coordinators/prefetch_skip_retention.py:PrefetchSk
 Importing this file installs ``reference_impl`` (its engine-lifecycle and config patches), so that
 the only difference from ``--zero3-impl=reference`` is this class.
 """
+
 from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 
@@ -20,9 +21,8 @@ reference_impl.install()
 
 
 class PrefetchSkipRetention(ReferenceCoordinator):
-
     def _prefetch(self) -> None:
         start = self._cursor
         super()._prefetch()
-        for use in self._trace.param_uses[start:self._cursor]:  # the bug: keep every scanned param until this use
+        for use in self._trace.param_uses[start : self._cursor]:  # the bug: keep every scanned param until this use
             self._nvme_keep_until[use.param] = max(use.step, self._nvme_keep_until.get(use.param, -1))

@@ -8,21 +8,21 @@ This subclass of the reference coordinator keeps everything else (trace-gated sa
 start, injectable clock) and drops only the all-reduce of the wait ratio: each rank decides from its
 own ratio.  Contract 003-b must flag it, without hanging the run, and no other 003 contract.
 """
+
 from pytest_zero3.reference_impl.adaptive import AdaptivePrefetchBucket
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
 class _RankLocalBucket(AdaptivePrefetchBucket):
-
     def _group_max(self, ratio: float) -> float:
         return ratio  # the bug: no reduction over the data-parallel group
 
 
 class RankLocalAdaptiveCoordinator(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.adaptive is not None:
             shared = self.adaptive
-            self.adaptive = _RankLocalBucket(shared.size, shared.min_size, shared.max_size, group=shared.group,
-                                             interval=shared.interval)
+            self.adaptive = _RankLocalBucket(
+                shared.size, shared.min_size, shared.max_size, group=shared.group, interval=shared.interval
+            )

@@ -6,6 +6,7 @@ MoE routing) a (module, step) seen under the old order is answered with the old 
 It holds no module or coordinator (ds_ids only) and hands out frozensets, so only staleness is
 reintroduced.  Contract 001-b must flag it (and only it).
 """
+
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 
@@ -24,7 +25,6 @@ class _StaleTrace:
 
 
 class StaleCacheAfterRetraceCoordinator(ReferenceCoordinator):
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._release_sets = {}  # outlives every trace: this is the bug

@@ -5,6 +5,7 @@ A coordinator that skips re-gathering a param it has seen before (caching the ga
 updates the partitions.  Training still "works", losses still fall: only the parity contracts
 (losses and final weights equal plain torch) show it: base-a, b, c, d, g and h must flag it.
 """
+
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator, iter_params
 from deepspeed.utils import z3_leaf_module
 

@@ -1,4 +1,5 @@
 """Imported by the forkserver in tests/test_lifecycle.py: an import that never finishes, as a stuck preload."""
+
 import threading
 
 

@@ -1,4 +1,5 @@
 """Run by tests/test_report.py: three contracts whose outcomes are known in advance."""
+
 import pytest
 
 from pytest_zero3 import scenario

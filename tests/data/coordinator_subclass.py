@@ -1,4 +1,5 @@
 """A coordinator class for the SPEC-form tests: stock deepspeed's coordinator under another name."""
+
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
 
 

@@ -1,4 +1,5 @@
 """Run by tests/test_lifecycle.py: a scenario that blocks until pytest is terminated."""
+
 import os
 import threading
 

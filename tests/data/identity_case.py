@@ -1,10 +1,12 @@
 """Run by tests/test_spec_forms.py: reports what each rank actually imported and would construct."""
+
 import os
 
 
 def what_runs():
     import deepspeed
     from deepspeed.runtime.zero import parameter_offload
+
     cls = parameter_offload.PartitionedParameterCoordinator
     return os.path.dirname(deepspeed.__file__), f"{cls.__module__}.{cls.__qualname__}"
 

@@ -1,4 +1,5 @@
 """Run by tests/test_lifecycle.py: the forkserver's preload takes longer than the scenario timeout."""
+
 import pytest
 
 from pytest_zero3 import scenario

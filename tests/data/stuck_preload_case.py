@@ -1,4 +1,5 @@
 """Run by tests/test_lifecycle.py: the forkserver's preload of this test's module never finishes."""
+
 import pytest
 
 

@@ -5,6 +5,7 @@ within the timeout and the ranks stay in step for the tests after it.
 Each test asserts, on every rank, the per-rank verdicts of the whole world, so "N passed" on both
 ranks means both saw the same outcome.
 """
+
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ ME = int(os.environ["RANK"])
 def where_am_i():
     import torch
     import torch.distributed as dist
+
     t = torch.ones(1)
     dist.all_reduce(t)
     return scenario.rank(), os.getpid(), t.item()
@@ -59,10 +61,15 @@ def end_on_rank_one(how):
     return "fine"
 
 
-ENDINGS = {"exception": "raised: ValueError: rank one broke", "fail": "raised: Failed: failed on purpose",
-           "skip": "skipped: skipped on one rank", "xfail": "xfailed: xfailed on one rank",
-           "exit": "raised: SystemExit: 3", "interrupt": "raised: KeyboardInterrupt: interrupted on one rank",
-           "base": "raised: Custom: a bare BaseException"}
+ENDINGS = {
+    "exception": "raised: ValueError: rank one broke",
+    "fail": "raised: Failed: failed on purpose",
+    "skip": "skipped: skipped on one rank",
+    "xfail": "xfailed: xfailed on one rank",
+    "exit": "raised: SystemExit: 3",
+    "interrupt": "raised: KeyboardInterrupt: interrupted on one rank",
+    "base": "raised: Custom: a bare BaseException",
+}
 
 
 @pytest.mark.parametrize("how", list(ENDINGS))
@@ -91,6 +98,7 @@ def _failure_within(zero3_world, timeout, fn, *args) -> str:
     """The world's failure text, which must come within the timeout plus the outcome exchange's grace
     (and 10 s of slack for a loaded machine)."""
     from pytest_zero3.launcher import EXCHANGE_GRACE
+
     start = time.monotonic()
     with pytest.raises(WorldFailure) as info:
         zero3_world.run(fn, *args)
@@ -100,6 +108,7 @@ def _failure_within(zero3_world, timeout, fn, *args) -> str:
 
 def raise_while_rank_zero_waits():
     import torch.distributed as dist
+
     if scenario.rank() == 1:
         raise ValueError("rank one broke")
     dist.barrier()

@@ -1,4 +1,5 @@
 """Run by tests/test_lifecycle.py with -n 2: worlds in two xdist workers at once must not collide."""
+
 import pytest
 
 from pytest_zero3 import scenario
@@ -9,6 +10,7 @@ def shm_all_reduce():
     import torch
     import deepspeed
     import deepspeed.comm as dist
+
     deepspeed.init_distributed(dist_backend="gloo")
     t = torch.full((4,), float(scenario.rank() + 1))
     dist.all_reduce(t)
