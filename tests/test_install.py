@@ -73,9 +73,9 @@ def test_reference_and_classes_need_deepspeed_0_19_3(pytester, monkeypatch, impl
 def test_plugin_floor_and_checkout_version(pytester):
     """Why: a source checkout reports 0.0.0 itself; the header must say what it really is."""
     pytester.makepyfile(test_trivial="def test_one():\n    pass\n")
-    older = _fake_deepspeed(pytester.path / "older", "0.19.1", checkout=True)
+    older = _fake_deepspeed(pytester.path / "older", "0.16.8", checkout=True)
     result = pytester.runpytest_subprocess("test_trivial.py", f"--zero3-impl={older}")
-    assert result.ret == USAGE and "pytest-zero3 needs deepspeed >= 0.19.2, found 0.19.1" in result.stderr.str()
+    assert result.ret == USAGE and "pytest-zero3 needs deepspeed >= 0.16.9, found 0.16.8" in result.stderr.str()
     fork = _fake_deepspeed(pytester.path / "fork", "0.20.1", checkout=True)
     result = pytester.runpytest_subprocess("test_trivial.py", f"--zero3-impl={fork}", "--co")
     assert result.ret == 0, result.outlines
