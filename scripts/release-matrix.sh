@@ -31,7 +31,7 @@ RELEASES=(0.16.9 0.17.6 0.18.9 0.19.2 0.19.3 0.19.8)
 DEFAULT_TORCH=2.13.0
 # release -> torch, for a release whose deepspeed does not import on DEFAULT_TORCH (none so far).
 declare -A TORCH_FOR=()
-PIN_DEPS=(transformers==5.24.0 peft==0.21.2 pytest==9.0.3 pytest-xdist==3.8.0)
+PIN_DEPS=(transformers==5.24.0 peft==0.21.2 hypothesis==6.155.2 pytest==9.0.3 pytest-xdist==3.8.0)
 
 cache="${ZERO3_MATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-zero3/ds-wheels}"
 out="${ZERO3_MATRIX_OUT:-$repo/reports/release-matrix}"
