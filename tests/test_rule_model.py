@@ -240,6 +240,30 @@ def test_eval_forward_uses_the_training_trace():
     assert rules_of(released) == ["rule-c"]
 
 
+def test_prefetch_left_in_flight_by_an_eval_forward_is_gathered_anew():
+    """PPC ``reset_step`` -> ``_clean_inflight_param_registry``: the next pass starts by completing every
+    outstanding all-gather and partitioning what no module claims.  An eval forward ends mid-trace with
+    its last prefetch (w1, for its backward use) still in flight: the training step after it gathers w1
+    twice like the others, while what the eval pass's reuse scan kept (AVAILABLE) stays held."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=N, persistence_threshold=0)
+    fwd_only = mlp_events()[:6]
+    eval_pass = ["w0 w1~", "w1~", "w1 w2~", "w2~", "w2 w1~", "w1~"]
+    train = ["w0 w1~", "w1~", "w1 w2~", "w2~", "w2 w1~", "w1~", "w2 w1~ w0~", "w1~ w0~", "w1 w0~", "w0~", "w0", ""]
+    after_eval = step(mlp_events(), train, gathers=ONCE_EACH)
+    after_eval.start = {**after_eval.start, "w1": r.INFLIGHT}
+    steps = [step(mlp_events(), RELEASE_ALL), step(fwd_only, eval_pass), after_eval]
+    assert r.judge(cfg, steps) == []
+    once_more = dataclass_replace(after_eval, gathers={**ONCE_EACH, "w1": 3})
+    assert [(v.rule, v.step, v.param) for v in r.judge(cfg, steps[:2] + [once_more])] == [("rule-f", 2, "w1")]
+    # kept by the eval pass's reuse scan (default distance): held at the start, gathered no more
+    keep_cfg = r.Config(NUMEL, prefetch_bucket=0, persistence_threshold=0)
+    kept = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2", "w0 w1 w2"]
+    held = ["w0 w1 w2"] * 7 + ["w0 w1"] * 2 + ["w0"] * 2 + [""]
+    resumed = step(mlp_events(), held, gathers={})
+    resumed.start = {p: r.AVAILABLE for p in NUMEL}
+    assert r.judge(keep_cfg, [step(mlp_events(), RELEASE_ALL), step(fwd_only, kept), resumed]) == []
+
+
 def test_early_stopped_recompute_is_closed_by_the_backward():
     """PPC ``release_sub_module``: ``param.ds_active_sub_modules.discard(submodule.ds_id)``: one claim per
     module.  With checkpoint early stop on, a recompute's forward may never reach its post hook; the
