@@ -62,7 +62,7 @@ def worker(rank, args, store):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impl", choices=("reference", "installed"), default="reference")
-    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--world", type=int, default=2, help="world size of the anchors (each example has its own)")
     parser.add_argument("--examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--spec", default=None, help="replay one example (JSON of the reproducer's spec line)")
@@ -70,12 +70,18 @@ def main():
     from pytest_zero3.conformance import test_rule_oracle as t
 
     if args.spec:
-        args.specs, args.n_anchors = [json.loads(args.spec)], 0
+        specs = [json.loads(args.spec)]
     else:
         n = t.DEFAULT_EXAMPLES if args.examples is None else args.examples
-        args.specs, args.n_anchors = t.ANCHORS + t.draw_examples(n, args.seed), len(t.ANCHORS)
-    print(f"default budget: {len(t.ANCHORS)} anchors + {t.DEFAULT_EXAMPLES} generated examples in one world")
-    launch(worker, args)
+        specs = t.ANCHORS + t.draw_examples(n, args.seed)
+    print(f"default budget: {len(t.ANCHORS)} anchors + {t.DEFAULT_EXAMPLES} generated examples")
+    groups = {}  # an example runs at its own drawn world size; the anchors at --world
+    for spec in specs:
+        groups.setdefault(spec.get("ranks") or args.world, []).append(spec)
+    for world, group in sorted(groups.items()):
+        args.world, args.specs = world, group
+        args.n_anchors = sum(spec.get("ranks") is None for spec in group)
+        launch(worker, args)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from pytest_zero3.fixtures import rules
 
 DEFAULT_EXAMPLES = 8
 CHUNK = 40  # examples per world (about 2 s each on a 2-core box; the timeout below is per world)
-KINDS = ("linear", "twice", "leaf", "nested", "ckpt", "switch")
+KINDS = ("linear", "twice", "leaf", "nested", "ckpt", "switch", "external")
+RANKS = (2, 3, 1, 4, 2)  # drawn per example; forked worlds start at any size for the same cost
 
 
 def _layer(width: int) -> int:
@@ -43,6 +44,7 @@ def _spec(
     eval_at=None,
     grad_acc=1,
     steps=4,
+    ranks=None,
 ):
     return {
         "width": width,
@@ -55,6 +57,7 @@ def _spec(
         "eval_at": eval_at,
         "grad_acc": grad_acc,
         "steps": steps,
+        "ranks": ranks,
         "zero": dict(zero),
     }
 
@@ -91,11 +94,13 @@ ANCHORS = [
         ["linear", "twice"],
         {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 4},
     ),
-    # rule-a: non-reentrant checkpoint over a frozen block, and a trainable one
+    # rule-a: non-reentrant checkpoint over a frozen block, and a trainable one, early stop off (the
+    # recompute runs the whole block)
     _spec(
         ["ckpt", "ckpt", "linear"],
         {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": L4, "stage3_param_persistence_threshold": 0},
         frozen=[0],
+        early_stop=False,
     ),
     # rule-d: a huge bucket capped by stage3_max_live_parameters
     _spec(
@@ -106,6 +111,25 @@ ANCHORS = [
             "stage3_max_live_parameters": 2 * L4,
             "stage3_param_persistence_threshold": 0,
         },
+    ),
+    # rule-d: an eval forward ends with the reuse window's params gathered; they stay gathered into the
+    # next step, and releasing them must not raise the live budget (DeepSpeed's counter goes negative)
+    _spec(
+        ["linear"] * 3,
+        {
+            "stage3_max_reuse_distance": 3 * L4,
+            "stage3_prefetch_bucket_size": L4,
+            "stage3_max_live_parameters": L4,
+            "stage3_param_persistence_threshold": 0,
+        },
+        eval_at=1,
+        steps=3,
+    ),
+    # rule-h (and a, b, f): an external param (``inp.weight`` used by a block) under gradient accumulation
+    _spec(
+        ["linear", "external"],
+        {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": L4, "stage3_param_persistence_threshold": 0},
+        grad_acc=2,
     ),
     # rule-g: a z3 leaf, containers, an eval forward and an order switch
     _spec(
@@ -153,6 +177,7 @@ def specs(draw):
         eval_at=draw(st.sampled_from([None, None, 1, steps - 1])),
         grad_acc=draw(st.sampled_from([1, 1, 2])),
         steps=steps,
+        ranks=draw(st.sampled_from(RANKS)),
     )
 
 
@@ -191,19 +216,37 @@ def _run(zero3_world, config) -> tuple:
     key = (n, seed)
     if key not in _RUNS:
         examples = ANCHORS + draw_examples(n, seed)
-        per_rank = None
-        for start in range(0, len(examples), CHUNK):  # one world per chunk: each stays within the timeout
-            chunk = zero3_world.run(f.run_batch, examples[start : start + CHUNK])
-            per_rank = chunk if per_rank is None else [a + b for a, b in zip(per_rank, chunk)]
-        _RUNS[key] = (examples, per_rank, seed)
+        groups = {}  # world size -> (world, example indices)
+        for i, spec in enumerate(examples):
+            world = _world_for(zero3_world, spec)
+            examples[i] = dict(spec, ranks=world.size)  # what really ran, for the reproducer
+            groups.setdefault(world.size, (world, []))[1].append(i)
+        results = [None] * len(examples)  # per example: each rank's result
+        for _, (world, indices) in sorted(groups.items()):
+            for start in range(0, len(indices), CHUNK):  # one world per chunk: each stays within the timeout
+                part = indices[start : start + CHUNK]
+                per_rank = world.run(f.run_batch, [examples[i] for i in part])
+                for j, i in enumerate(part):
+                    results[i] = [rank_results[j] for rank_results in per_rank]
+        _RUNS[key] = (examples, results, seed)
     return _RUNS[key]
 
 
+def _world_for(zero3_world, spec):
+    """The world ``spec`` runs in: the session's for an anchor, or one of its own drawn size where
+    that size can run here (under torchrun, or on fewer GPUs than ranks, the session's)."""
+    if spec.get("ranks") in (None, zero3_world.size):
+        return zero3_world
+    return zero3_world.resized(spec["ranks"]) or zero3_world
+
+
 def _of_rule(rule: str, per_rank_results) -> list:
-    """``[(rank, [violations])]`` of ``rule`` for one example."""
+    """``[(rank, [violations])]`` of ``rule`` for one example (rule-h compares all ranks: rank 0's)."""
     out = []
     for rank, result in enumerate(per_rank_results):
         bad = [v for v in f.violations(result) if v.rule == rule]
+        if rank == 0 and rule == "rule-h":
+            bad += f.parity_violations(per_rank_results)
         if bad:
             out.append((rank, bad))
     return out
@@ -217,7 +260,8 @@ def _shrink(zero3_world, rule: str, spec: dict, limit: int) -> tuple:
     def fails(candidate):
         nonlocal runs
         runs += 1
-        return bool(_of_rule(rule, [r[0] for r in zero3_world.run(f.run_batch, [candidate])]))
+        world = _world_for(zero3_world, candidate)
+        return bool(_of_rule(rule, [r[0] for r in world.run(f.run_batch, [dict(candidate, ranks=world.size)])]))
 
     def candidates(s):
         for i in range(len(s["blocks"])):
@@ -237,6 +281,9 @@ def _shrink(zero3_world, rule: str, spec: dict, limit: int) -> tuple:
         ):
             if s[key] != simple:
                 yield dict(s, **{key: simple})
+        for fewer in (1, 2):
+            if (s.get("ranks") or 2) > fewer:
+                yield dict(s, ranks=fewer)
         if "stage3_max_live_parameters" in s["zero"]:
             yield dict(s, zero={k: v for k, v in s["zero"].items() if k != "stage3_max_live_parameters"})
 
@@ -254,12 +301,7 @@ def _shrink(zero3_world, rule: str, spec: dict, limit: int) -> tuple:
 
 def check_rule(zero3_world, request, rule: str) -> None:
     examples, results, seed = _run(zero3_world, request.config)
-    failing = [
-        (i, bad)
-        for i, spec in enumerate(examples)
-        for bad in [_of_rule(rule, [rank_results[i] for rank_results in results])]
-        if bad
-    ]
+    failing = [(i, bad) for i, spec in enumerate(examples) for bad in [_of_rule(rule, results[i])] if bad]
     if not failing:
         return
     index, bad = failing[0]
@@ -289,6 +331,7 @@ def check_rule(zero3_world, request, rule: str) -> None:
         pytest.param("rule-e", marks=pytest.mark.zero3_contract("rule-e"), id="rule-e"),
         pytest.param("rule-f", marks=pytest.mark.zero3_contract("rule-f"), id="rule-f"),
         pytest.param("rule-g", marks=pytest.mark.zero3_contract("rule-g"), id="rule-g"),
+        pytest.param("rule-h", marks=pytest.mark.zero3_contract("rule-h"), id="rule-h"),
     ],
 )
 def test_rule(zero3_world, request, rule):

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.outcome import HUNG, RankOutcome
@@ -75,6 +75,10 @@ class LauncherWorld:
         if self._on_outcomes is not None:
             self._on_outcomes(outcomes)
         return settle(outcomes, fn)
+
+    def resized(self, size: int) -> Optional["LauncherWorld"]:
+        """The launcher fixed the world size: only that size runs (None for any other)."""
+        return self if size == self.size else None
 
     def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
         _install_stop_handler()

@@ -191,13 +191,20 @@ class Report:
         )
         tr.write_line("")
         width = min(max(len(r["statement"]) for r in rows), 70)
+        not_run = [r for r in rows if r["outcome"] == Outcome.NOT_RUN.value]
+        if len(not_run) > NOT_RUN_ROWS:  # a -k or --zero3-select run: one line, not a screenful
+            rows = [r for r in rows if r["outcome"] != Outcome.NOT_RUN.value]
         for row in rows:
             text = row["statement"] if len(row["statement"]) <= width else row["statement"][: width - 1] + "…"
             outcome = Outcome(row["outcome"])
             tr.write(f"  {row['id']:<7} {text:<{width}}  ")
             tr.write(outcome.label, **_COLOURS.get(outcome, {}))
             tr.write_line(f"  ({row['reason']})" if row["reason"] and outcome != Outcome.PASS else "")
-        counts = summary(rows)
+        if len(not_run) > NOT_RUN_ROWS:
+            tr.write("  " + " ".join(r["id"] for r in not_run) + "  ")
+            tr.write(Outcome.NOT_RUN.label, **_COLOURS[Outcome.NOT_RUN])
+            tr.write_line(f"  ({not_run[0]['reason']})")
+        counts = summary(self.all_rows())
         tr.write_line("")
         if self.strict:
             for cid in self.unexpected_passes():
@@ -240,6 +247,10 @@ class Report:
         if md:
             with open(md, "w") as fh:
                 fh.write(markdown(doc))
+
+
+#: Up to this many not-run contracts get a row each in the terminal summary; more share one line.
+NOT_RUN_ROWS = 3
 
 
 def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: str = "") -> dict:

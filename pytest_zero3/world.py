@@ -9,6 +9,7 @@ passes, every live rank is asked for its Python stack (faulthandler on SIGUSR1),
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import pickle
@@ -16,10 +17,11 @@ import sys
 import time
 import zlib
 from multiprocessing.connection import wait
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import pytest
 
+from pytest_zero3 import options
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3 import spawner
 from pytest_zero3.outcome import (
@@ -80,6 +82,15 @@ class World:
         if self._on_outcomes is not None:
             self._on_outcomes(outcomes)
         return settle(outcomes, fn)
+
+    def resized(self, size: int) -> Optional["World"]:
+        """This world with ``size`` ranks (ranks are forked per run, so any size costs the same), or
+        None where ``size`` ranks cannot run here: more ranks than GPUs on nccl."""
+        if self.backend == "nccl" and options.gpu_count() < size:
+            return None
+        other = copy.copy(self)
+        other.size = size
+        return other
 
     def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
         """Like :meth:`run` but returns the raw per-rank outcomes instead of judging them."""

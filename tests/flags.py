@@ -187,6 +187,20 @@ CASES = (
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
     ),
+    Case(
+        "live_count_reset.py:LiveCountReset",
+        "live-parameter count zeroed at each pass while params stay gathered (DeepSpeed 0.19.8's `reset_step`)",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "stale_external_params.py:StaleExternalParams",
+        "an external param's first gathered copy served on later fetches",
+        frozenset({"rule-h"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
     # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
     Case(
         "grows_fetch_log.py:GrowsFetchLog",

@@ -317,3 +317,44 @@ def test_default_examples_are_reproducible():
 
     assert json.dumps(oracle.draw_examples(4, None)) == json.dumps(oracle.draw_examples(4, None))
     assert json.dumps(oracle.draw_examples(4, 7)) != json.dumps(oracle.draw_examples(4, None))
+
+
+def _external_events(step0: bool):
+    """L0 (w0) then L1 (w1, and w0 as an external param: DeepSpeed's getter registers it during L1's
+    first forward, so L1's pre event of the record step does not list it yet)."""
+    l1_pre = ("w1",) if step0 else ("w0", "w1")
+    return [
+        ev(FWD_PRE, "L0"),
+        ev(FWD_POST, "L0"),
+        ev(FWD_PRE, "L1", params=l1_pre),
+        ev(FWD_POST, "L1", params=("w0", "w1")),
+        ev(BWD_PRE, "L1", params=("w0", "w1")),
+        ev(BWD_POST, "L1", params=("w0", "w1")),
+        ev(BWD_PRE, "L0"),
+        ev(END),
+    ]
+
+
+def test_external_param_joins_its_users_trace():
+    """PO ``ZeROOrderedDict.__getitem__`` / ``register_external_parameter`` docs: a param of another module
+    used in a forward is registered with the running module and gathered at its hooks from then on; PPC
+    ``construct_parameter_trace_from_module_trace`` builds the trace from ``iter_params`` (externals
+    included).  So at a window of one param, L0's end keeps w0 for L1's next use in step 1."""
+    numel = {"w0": N, "w1": N}
+    cfg = r.Config(numel, reuse_distance=N, prefetch_bucket=0, persistence_threshold=0)
+    record = step(_external_events(True), ["w0", "", "w1", "", "w0 w1", "", "w0", ""], numel)
+    complete = step(_external_events(False), ["w0", "w0", "w0 w1", "w0 w1", "w0 w1", "w0", "w0", ""], numel)
+    complete.start = {p: r.NOT_AVAILABLE for p in numel}
+    complete.gathers = {"w0": 1, "w1": 1}
+    assert r.judge(cfg, [record, complete]) == []
+
+
+def test_external_param_must_be_gathered_by_its_users_hook():
+    """PO ``pre_sub_module_forward_function`` fetches ``iter_params`` of the module, external params
+    included: leaving w0 to DeepSpeed's getter (gathered later, inside L1's forward) breaks rule-a."""
+    numel = {"w0": N, "w1": N}
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    record = step(_external_events(True), ["w0", "", "w1", "", "w0 w1", "", "w0", ""], numel)
+    lazy = step(_external_events(False), ["w0", "", "w1", "", "w0 w1", "", "w0", ""], numel)
+    violations = r.judge(cfg, [record, lazy])
+    assert [(v.rule, v.step, v.event, v.param) for v in violations] == [("rule-a", 1, 2, "w0")]
