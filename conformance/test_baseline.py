@@ -22,6 +22,7 @@ training steps and takes about a second per engine on a 2-core CPU box.
 import pytest
 
 from pytest_zero3.fixtures import family_base as fb
+from pytest_zero3.fixtures.models import linear_numel
 
 PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
 PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
@@ -206,3 +207,37 @@ def test_eval_forward(zero3_world):
     result["missing"], result["weights"] = [], []
     problems += fb.parity_problems(result, "training interleaved with eval forwards")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.zero3_contract("base-i")
+def test_gather_after_eval_forward(zero3_world):
+    """Train 3 steps with prefetch on (two configs, below), then a no-grad forward in eval mode and one in train mode, each followed by ``GatheredParameters`` over every param.
+
+    A forward without backward ends with prefetches aimed at backward uses still in flight; nothing
+    but the next forward's ``reset_step`` would wait on them.  A param left INFLIGHT cannot be
+    partitioned, so the user's gather fails ("Cannot partition a param in flight") in the middle of
+    their evaluation loop.  The coordinator must leave none in flight when a no-grad forward ends, and
+    the gathered weights must be the trained ones.
+    """
+    problems = []
+    for zero in EVAL_GATHER_CONFIGS:
+        runs = zero3_world.run(fb.gather_after_eval, zero=zero)
+        for rank, run in enumerate(runs):
+            for row in run:
+                where = f"{zero}: rank {rank}: after the {row['after']}"
+                if row["inflight"]:
+                    problems.append(f"{where}: params left INFLIGHT: {row['inflight']}")
+                if row["error"]:
+                    problems.append(f"{where}: GatheredParameters raised {row['error']}")
+        for row in runs[0]:
+            weights = {"losses": [], "missing": [], "weights": row.get("weights", [])}
+            problems += fb.parity_problems(weights, f"{zero}: weights gathered after the {row['after']}")
+    assert not problems, "\n".join(problems)
+
+
+#: base-i's configs: reuse distance 0 with a one-layer bucket, and a two-layer window with a bucket just
+#: under one layer (on 0.19.8 the second leaves the first layers in flight, the first does not).
+EVAL_GATHER_CONFIGS = (
+    {"stage3_max_reuse_distance": 0, **PREFETCH_ONE_LAYER},
+    {"stage3_max_reuse_distance": 2 * linear_numel(), "stage3_prefetch_bucket_size": linear_numel() - 1},
+)

@@ -181,6 +181,7 @@ class ReferenceCoordinator:
         self._recording: List[Module] = []
         self._trace: Optional[Trace] = None
         self._step = 0
+        self._pass_root: Optional[int] = None  # ds_id of the module fetched first in this pass
         self._cursor = 0  # next unconsumed entry of the trace's parameter uses
         self._live: Dict[Parameter, None] = {}  # params this coordinator gathered and not yet released
         self._live_numel = 0
@@ -290,6 +291,8 @@ class ReferenceCoordinator:
                     done.set()
 
     def _fetch(self, module: Module, forward: bool, is_leaf: bool) -> None:
+        if self._step == 0:
+            self._pass_root = module.ds_id  # the first fetch of a pass is its root module's
         params = module_param_set(module, is_leaf)
         complete = self._mode == "complete"
         if complete and params != self._trace.step_params[self._step]:
@@ -448,9 +451,19 @@ class ReferenceCoordinator:
     # ------------------------------------------------------------------ release
 
     @compiler.lazy_disable
-    @_no_grad
     def release_sub_module(self, module: Module, forward: bool = False) -> None:
-        """Drop ``module``'s claim on its params and partition those nobody needs soon."""
+        """Drop ``module``'s claim on its params and partition those nobody needs soon.
+
+        When a no-grad forward ends (its root module is released with grad off), no backward will
+        wait on the prefetches it issued for backward uses: drain them, or a ``GatheredParameters``
+        before the next forward finds params INFLIGHT, which it cannot partition (contract base-i)."""
+        grad = torch.is_grad_enabled()
+        self._release_sub_module(module, forward)
+        if forward and not grad and module.ds_id == self._pass_root and self._registry:
+            self._drain_inflight()
+
+    @_no_grad
+    def _release_sub_module(self, module: Module, forward: bool) -> None:
         if forward and module.ds_id in self._active_backward and _in_autograd_backward():
             return  # recompute of a module whose backward is running: that backward still holds them
         if self._mode == "complete":
