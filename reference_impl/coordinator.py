@@ -33,6 +33,7 @@ must then survive the recompute's forward release:
 import collections
 import functools
 import threading
+import weakref
 from contextlib import nullcontext
 from typing import Deque, Dict, Iterable, List, Optional, Set
 
@@ -102,6 +103,19 @@ def _no_grad(method):
             torch._C._set_grad_enabled(True)
 
     return run
+
+
+class _GradModeProbe:
+    """Root forward pre-hook: records whether the user's forward runs with grad (a no-grad forward is
+    never followed by a backward).  Holds the coordinator weakly: the hook may outlive the engine."""
+
+    def __init__(self, coordinator):
+        self._coordinator = weakref.ref(coordinator)
+
+    def __call__(self, module, args):
+        coordinator = self._coordinator()
+        if coordinator is not None:
+            coordinator._pass_grad = torch.is_grad_enabled()
 
 
 def warn_rank0(message: str) -> None:
@@ -182,6 +196,10 @@ class ReferenceCoordinator:
         self._trace: Optional[Trace] = None
         self._step = 0
         self._pass_root: Optional[int] = None  # ds_id of the module fetched first in this pass
+        # the user's grad mode at the root's forward (DeepSpeed runs every hook under no_grad, so only a
+        # hook of our own, ahead of DeepSpeed's, sees it); True until that hook has run once
+        self._pass_grad = True
+        self._grad_probe = None
         self._cursor = 0  # next unconsumed entry of the trace's parameter uses
         self._live: Dict[Parameter, None] = {}  # params this coordinator gathered and not yet released
         self._live_numel = 0
@@ -293,6 +311,8 @@ class ReferenceCoordinator:
     def _fetch(self, module: Module, forward: bool, is_leaf: bool) -> None:
         if self._step == 0:
             self._pass_root = module.ds_id  # the first fetch of a pass is its root module's
+            if forward and self._grad_probe is None:
+                self._grad_probe = module.register_forward_pre_hook(_GradModeProbe(self), prepend=True)
         params = module_param_set(module, is_leaf)
         complete = self._mode == "complete"
         if complete and params != self._trace.step_params[self._step]:
@@ -454,12 +474,12 @@ class ReferenceCoordinator:
     def release_sub_module(self, module: Module, forward: bool = False) -> None:
         """Drop ``module``'s claim on its params and partition those nobody needs soon.
 
-        When a no-grad forward ends (its root module is released with grad off), no backward will
-        wait on the prefetches it issued for backward uses: drain them, or a ``GatheredParameters``
-        before the next forward finds params INFLIGHT, which it cannot partition (contract base-i)."""
-        grad = torch.is_grad_enabled()
+        When a no-grad forward ends (its root module is released after a forward the user ran with
+        grad off), no backward will wait on the prefetches it issued for backward uses: drain them, or
+        a ``GatheredParameters`` before the next forward finds params INFLIGHT, which it cannot
+        partition (contract base-i)."""
         self._release_sub_module(module, forward)
-        if forward and not grad and module.ds_id == self._pass_root and self._registry:
+        if forward and not self._pass_grad and module.ds_id == self._pass_root and self._registry:
             self._drain_inflight()
 
     @_no_grad

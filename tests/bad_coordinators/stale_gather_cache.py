@@ -3,7 +3,7 @@
 A coordinator that skips re-gathering a param it has seen before (caching the gathered tensor by
 ``ds_id``) computes every forward after step 0 with the weights of step 0, while the optimizer
 updates the partitions.  Training still "works", losses still fall: only the parity contracts
-(losses and final weights equal plain torch) show it: base-a, b, c, d, g and h must flag it.
+(losses and final weights equal plain torch) show it: base-a, b, c, d, g, h and i must flag it.
 """
 
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator, iter_params
