@@ -196,9 +196,10 @@ class Report:
         tr.write_line("")
         width = min(max(len(r["statement"]) for r in rows), 70)
         not_run = [r for r in rows if r["outcome"] == Outcome.NOT_RUN.value]
+        shown = rows
         if len(not_run) > NOT_RUN_ROWS:  # a -k or --zero3-select run: one line, not a screenful
-            rows = [r for r in rows if r["outcome"] != Outcome.NOT_RUN.value]
-        for row in rows:
+            shown = [r for r in rows if r["outcome"] != Outcome.NOT_RUN.value]
+        for row in shown:
             text = row["statement"] if len(row["statement"]) <= width else row["statement"][: width - 1] + "…"
             outcome = Outcome(row["outcome"])
             tr.write(f"  {row['id']:<7} {text:<{width}}  ")
@@ -208,7 +209,7 @@ class Report:
             tr.write("  " + " ".join(r["id"] for r in not_run) + "  ")
             tr.write(Outcome.NOT_RUN.label, **_COLOURS[Outcome.NOT_RUN])
             tr.write_line(f"  ({not_run[0]['reason']})")
-        counts = summary(self.all_rows())
+        counts = summary(rows)
         tr.write_line("")
         if self.strict:
             for cid in self.unexpected_passes():

@@ -471,6 +471,7 @@ class ReferenceCoordinator:
     # ------------------------------------------------------------------ release
 
     @compiler.lazy_disable
+    @_no_grad
     def release_sub_module(self, module: Module, forward: bool = False) -> None:
         """Drop ``module``'s claim on its params and partition those nobody needs soon.
 
@@ -478,12 +479,6 @@ class ReferenceCoordinator:
         grad off), no backward will wait on the prefetches it issued for backward uses: drain them, or
         a ``GatheredParameters`` before the next forward finds params INFLIGHT, which it cannot
         partition (contract base-i)."""
-        self._release_sub_module(module, forward)
-        if forward and not self._pass_grad and module.ds_id == self._pass_root and self._registry:
-            self._drain_inflight()
-
-    @_no_grad
-    def _release_sub_module(self, module: Module, forward: bool) -> None:
         if forward and module.ds_id in self._active_backward and _in_autograd_backward():
             return  # recompute of a module whose backward is running: that backward still holds them
         if self._mode == "complete":
@@ -514,6 +509,8 @@ class ReferenceCoordinator:
             self._release(param, free_data)
             if not free_data:
                 param.data = empty
+        if forward and not self._pass_grad and ds_id == self._pass_root and self._registry:
+            self._drain_inflight()
 
     def _nvme_keeps(self, param: Parameter) -> bool:
         return self._nvme_keep_until.get(param, -1) >= self._step
