@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from pytest_zero3.fixtures import family_rule as f
 from pytest_zero3.fixtures import rules
+from pytest_zero3 import options
 
 DEFAULT_EXAMPLES = 8
 CHUNK = 40  # examples per world (about 2 s each on a 2-core box; the timeout below is per world)
@@ -210,9 +211,9 @@ _RUNS = {}
 
 def _run(zero3_world, config) -> tuple:
     """The family's examples and each rank's results, run once per session (every rule reads them)."""
-    n = config.getoption("--zero3-examples")
+    n = options.settings(config).examples
     n = DEFAULT_EXAMPLES if n is None else n
-    seed = config.getoption("--zero3-seed")
+    seed = options.settings(config).seed
     key = (n, seed)
     if key not in _RUNS:
         examples = ANCHORS + draw_examples(n, seed)
@@ -315,7 +316,7 @@ def check_rule(zero3_world, request, rule: str) -> None:
         lines += [f"  rank {rank}: {v}" for v in violations[:6]]
         if len(violations) > 6:
             lines.append(f"  rank {rank}: ... {len(violations) - 6} more")
-    shrunk, runs = _shrink(zero3_world, rule, examples[index], request.config.getoption("--zero3-shrink"))
+    shrunk, runs = _shrink(zero3_world, rule, examples[index], options.settings(request.config).shrink)
     lines += [f"{'Shrunk' if runs else 'Unshrunk'} reproducer ({runs} shrinking runs):", f.reproducer(shrunk)]
     pytest.fail("\n".join(lines), pytrace=False)
 

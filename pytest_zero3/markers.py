@@ -104,8 +104,9 @@ def selected(cid: str, prefixes) -> bool:
 
 
 def select_prefixes(config) -> list:
-    value = config.getoption("--zero3-select")
-    return [p.strip() for p in (value or "").split(",") if p.strip()]
+    from pytest_zero3 import options
+
+    return list(options.settings(config).select)
 
 
 def select_contracts(config, items) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+from typing import Optional
 
 import pytest
 
@@ -120,11 +121,21 @@ def add_options(parser) -> None:
 
 @dataclasses.dataclass
 class Settings:
+    """Every ``zero3`` option, validated: the one reader of the group's configuration."""
+
     spec: impl.Spec
     world_size: int
     backend: str  # "auto" until the first world resolves it
     timeout: float
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    select: tuple = ()  # contract ID prefixes; empty selects every contract
+    report: Optional[str] = None  # JSON report path
+    report_md: Optional[str] = None  # Markdown report path
+    expect: Optional[str] = None  # expectations file
+    strict: bool = False
+    examples: Optional[int] = None  # rule family: generated examples (None: its default)
+    seed: Optional[int] = None  # rule family: seed (None: derandomised)
+    shrink: int = 6  # rule family: worlds a shrink may start
     resolved_backend: str = ""  # set when the first world starts
 
 
@@ -153,7 +164,29 @@ def settings_from(config) -> Settings:
                 f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
                 f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
             )
-    return Settings(spec, size, backend, timeout, startup)
+    select = tuple(p.strip() for p in (opt("--zero3-select") or "").split(",") if p.strip())
+    return Settings(
+        spec,
+        size,
+        backend,
+        timeout,
+        startup,
+        select=select,
+        report=opt("--zero3-report"),
+        report_md=opt("--zero3-report-md"),
+        expect=opt("--zero3-expect"),
+        strict=bool(opt("--zero3-strict")),
+        examples=opt("--zero3-examples"),
+        seed=opt("--zero3-seed"),
+        shrink=opt("--zero3-shrink"),
+    )
+
+
+def settings(config) -> Settings:
+    """The session's validated settings (activating the session if needed): read options only here."""
+    session = config.pluginmanager.get_plugin("zero3-session")
+    session.activate()
+    return session.settings
 
 
 def asked(config, args=()) -> bool:

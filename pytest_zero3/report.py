@@ -60,8 +60,8 @@ class Report:
 
     def __init__(self, config, settings):
         self.config, self.settings = config, settings
-        self.expected = expectations.load(config.getoption("--zero3-expect"))
-        self.strict = config.getoption("--zero3-strict")
+        self.expected = expectations.load(settings.expect)
+        self.strict = settings.strict
         self.rows = {}  # contract id -> row dict
         self.identity = {}
 
@@ -244,11 +244,11 @@ class Report:
             summary=summary(rows),
             contracts=rows,
         )
-        path = config.getoption("--zero3-report")
+        path = self.settings.report
         if path:
             with open(path, "w") as fh:
                 json.dump(doc, fh, indent=2)
-        md = config.getoption("--zero3-report-md")
+        md = self.settings.report_md
         if md:
             with open(md, "w") as fh:
                 fh.write(markdown(doc))
