@@ -19,6 +19,30 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 BAD = ROOT / "tests" / "bad_coordinators"
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--proofs",
+        action="store_true",
+        default=False,
+        help="Also run the proof tests (each known-bad implementation fails only its own contracts): "
+        "minutes each; scripts/proofs.sh runs them.",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "proof: a whole-suite proof run; only with --proofs (scripts/proofs.sh)")
+    config.addinivalue_line("markers", "slow: takes more than about 20 s on the 2-core box")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--proofs"):
+        return
+    skip = pytest.mark.skip(reason="proof run: pass --proofs (scripts/proofs.sh runs them)")
+    for item in items:
+        if item.get_closest_marker("proof"):
+            item.add_marker(skip)
+
+
 class Run:
     def __init__(self, proc, report_path):
         self.returncode, self.stdout = proc.returncode, proc.stdout

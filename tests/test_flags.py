@@ -1,22 +1,50 @@
 """The suite flags each known-bad coordinator with the right contract IDs (the table: tests/flags.py).
 
-Each coordinator in tests/bad_coordinators/ is the reference with one historical bug put back.  A
-contract that misses its bug proves nothing; one that fails for another contract's bug sends a
-developer after the wrong fix.  So each run must fail exactly the entry's IDs (plus only those it
-lists as may-fail), run every contract it selected, and pass at least one other contract (else
-"nothing else failed" proves nothing).  Cost: one suite run per entry, 15-60 s each on the 2-core box.
+Each coordinator in tests/bad_coordinators/ is the reference with one historical bug put back.  Two
+proofs per entry, at two costs:
+
+* **bites** (every run, CI): the suite run on just the entry's flagged contracts fails each of them.
+  A contract that misses its bug proves nothing.  About 10-20 s per entry.
+* **only its own** (``--proofs``, ``scripts/proofs.sh``): the suite run on the entry's whole selection
+  fails exactly the flagged IDs (plus only those listed as may-fail), runs every contract it selected,
+  and passes at least one other contract.  One that fails for another contract's bug sends a developer
+  after the wrong fix.  30-110 s per entry on the 2-core box, so it runs apart, and the README's proof
+  table records its last result.
 """
 
 import pytest
 
 from conftest import BAD
-from flags import CASES
+from flags import ANCHORS_ONLY, CASES, Case
+
+
+def _run(run_suite, case: Case, select: str):
+    file, cls = case.coordinator.split(":")
+    extra = case.extra
+    if any(cid.startswith("rule-") for cid in select.split(",")) and ANCHORS_ONLY[0] not in extra:
+        extra = (*extra, *ANCHORS_ONLY)
+    return run_suite(f"{BAD / file}:{cls}", select, *extra)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_suite_flags_bad_coordinator(run_suite, case):
-    file, cls = case.coordinator.split(":")
-    run = run_suite(f"{BAD / file}:{cls}", case.select, *case.extra)
+def test_each_flagged_contract_bites(run_suite, case):
+    """Why: a contract is proven only by an implementation that breaks it; this is the part of that
+    proof cheap enough for every run (the other part, "nothing else fails", is the proof run's)."""
+    run = _run(run_suite, case, ",".join(sorted(case.flagged)))
+    outcomes = run.outcomes()
+    tail = run.stdout[-4000:]
+    missed = sorted(cid for cid in case.flagged if outcomes.get(cid) != "fail")
+    assert not missed, f"{case.name}: {missed} should FAIL on {case.bug!r}, got {outcomes}\n{tail}"
+    assert run.returncode == 1, f"{case.name}: pytest exit {run.returncode}, expected 1 (contract failures)\n{tail}"
+    if case.check:
+        case.check(run)
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_suite_flags_only_its_own_contracts(run_suite, case):
+    """Why: "nothing else failed" is what makes a flag point at the right fix."""
+    run = _run(run_suite, case, case.select)
     outcomes = run.outcomes()
     tail = run.stdout[-4000:]
     not_run = sorted(cid for cid, out in outcomes.items() if out == "not_run")
