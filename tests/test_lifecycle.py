@@ -24,10 +24,13 @@ def _wait_for(predicate, timeout, what):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
-    markers = tmp_path / "markers"
+def _start_hanging_session(tmp_path):
+    """pytest on a scenario that blocks on both ranks, in its own temp dir; returns it once both ranks
+    run, with the pids of the ranks and of every process pytest started (forkserver, resource tracker)."""
+    markers, temp = tmp_path / "markers", tmp_path / "temp"
     markers.mkdir()
-    env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu")
+    temp.mkdir()
+    env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu", TMPDIR=str(temp))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(DATA / "hang_case.py"), "--zero3-timeout=600"],
         cwd=tmp_path,
@@ -42,19 +45,53 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
         forkserver = int((markers / f"rank-{ranks[0]}").read_text())
         descendants = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
         assert set(ranks) | {forkserver} <= descendants
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, descendants, temp
+
+
+def _running(pid) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _session_files(temp):
+    return sorted(p.name for p in temp.iterdir() if p.name.startswith("pytest-zero3-"))
+
+
+def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
+    proc, descendants, temp = _start_hanging_session(tmp_path)
+    assert _session_files(temp) == [f"pytest-zero3-{os.getuid()}-{proc.pid}"]
+    try:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    _wait_for(
-        lambda: (
-            not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in descendants)
-        ),
-        20,
-        "every rank and the forkserver to exit",
-    )
+    _wait_for(lambda: not any(map(_running, descendants)), 20, "every rank and the forkserver to exit")
     assert "KeyboardInterrupt" in out or "SIGTERM" in out
+    assert _session_files(temp) == []  # its temp files went with it
+
+
+def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path):
+    """SIGKILL (a CI job past its limit, the OOM killer) leaves pytest no chance to clean up: the ranks,
+    the forkserver and multiprocessing's resource tracker must still go, within 10 s; the session's temp
+    files are removed by the next session (by its pid being gone)."""
+    from pytest_zero3 import spawner
+
+    proc, descendants, temp = _start_hanging_session(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    _wait_for(lambda: not any(map(_running, descendants)), 10, "every rank, the forkserver and the tracker to exit")
+    left = _session_files(temp)
+    assert left == [f"pytest-zero3-{os.getuid()}-{proc.pid}"]
+    live = temp / f"pytest-zero3-{os.getuid()}-{os.getpid()}"  # a live session's (this one's pid) is kept
+    live.mkdir()
+    assert spawner.remove_leftovers(str(temp)) == [str(temp / left[0])]  # what a session does at its first world
+    assert _session_files(temp) == [live.name]
 
 
 def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
