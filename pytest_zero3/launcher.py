@@ -197,7 +197,9 @@ class _Post:
 def _post_stack(post: _Post, r: int, timeout: float) -> None:
     """Post a hung outcome with the main thread's stack (called from the stack watch's thread)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+    frames = traceback.extract_stack(frame) if frame is not None else []
+    ours = [i for i, f in enumerate(frames) if f.name == _in_fresh_group.__name__ and f.filename == __file__]
+    stack = "".join(traceback.format_list(frames[ours[-1] + 1 :] if ours else frames))  # the scenario's frames
     post(
         RankOutcome(
             r,
@@ -357,6 +359,9 @@ class SessionEnd:
         if _store is None:
             return
         if rank() == 0:
+            # Reported: a stop from the launcher now (another rank ended first) would only cut the exit short.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             _store.set(f"{SESSION_PREFIX}/reported", "1")
         else:
             _wait_for([f"{SESSION_PREFIX}/reported"], SESSION_WAIT)

@@ -1,5 +1,6 @@
 """Process lifecycle: no orphans after SIGTERM, pytest -n, torchrun launcher mode (issue: foundation §3)."""
 
+import json
 import os
 import shutil
 import signal
@@ -100,13 +101,14 @@ def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
     assert "4 passed" in run.stdout
 
 
-def _torchrun(tmp_path, case, *args, timeout=300):
+def _torchrun(tmp_path, case, *args, timeout=300, env=None):
     # PYTHONPATH: the plugin of this checkout, not whichever one is installed (cwd is not the checkout)
     env = dict(
         os.environ,
         DS_ACCELERATOR="cpu",
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
     )
     start = time.monotonic()
     proc = subprocess.run(
@@ -144,6 +146,30 @@ def test_torchrun_launcher_mode_every_ending_is_every_ranks_outcome(tmp_path):
     assert out.count("14 passed") == 2, out  # on both ranks
     assert out.count("ZeRO-3 conformance") == 1  # only rank 0 prints the summary
     assert '"outcome": "pass"' in report.read_text()
+
+
+@needs_torchrun
+def test_torchrun_rank_zero_reports_whatever_failed_on_which_rank(tmp_path):
+    """A test failing on rank 1 only, a rank stuck where the watchdog cannot reach, and a fresh (empty)
+    extensions cache: rank 0 prints the table and writes the report, the stuck rank's stack is in the
+    failure, and no op is compiled (tests/data/torchrun_report_case.py)."""
+    report, extensions = tmp_path / "r.json", tmp_path / "extensions"
+    rc, out, _ = _torchrun(
+        tmp_path,
+        "torchrun_report_case.py",
+        f"--zero3-report={report}",
+        "--zero3-timeout=60",
+        env={"TORCH_EXTENSIONS_DIR": str(extensions)},
+    )
+    assert rc != 0, out
+    assert out.count("ZeRO-3 conformance") == 1, out  # rank 0's table
+    assert "LauncherStopped: " not in out and "PluggyTeardownRaisedWarning" not in out, out
+    assert "zero3: rank 1 ended its session with exit status 1" in out, out
+    rows = {c["id"]: c for c in json.loads(report.read_text())["contracts"]}
+    assert {cid: row["outcome"] for cid, row in rows.items()} == {"990-a": "pass", "990-b": "pass", "990-c": "fail"}
+    stuck = rows["990-c"]["ranks"][1]
+    assert stuck["status"] == "hung" and "in stuck_where_no_signal_reaches" in stuck["traceback"], stuck
+    assert not list(extensions.rglob("*.so")), list(extensions.rglob("*"))
 
 
 @needs_torchrun
