@@ -289,6 +289,7 @@ def _identity() -> dict:
 
 
 _stop_handler_installed = False
+_stopped = False  # the launcher is stopping this process: no waiting for other ranks any more
 
 
 def _install_stop_handler() -> None:
@@ -299,6 +300,8 @@ def _install_stop_handler() -> None:
     _stop_handler_installed = True
 
     def on_term(signum, frame):
+        global _stopped
+        _stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise LauncherStopped(
             f"pytest on rank {rank()} received {signal.Signals(signum).name} from the launcher, "
@@ -332,7 +335,7 @@ class SessionEnd:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session, exitstatus):
-        if _store is None:
+        if _store is None or _stopped:
             return
         _store.set(f"{SESSION_PREFIX}/status/{rank()}", str(int(exitstatus)))
         if rank() == 0:
@@ -356,7 +359,7 @@ class SessionEnd:
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config):
-        if _store is None:
+        if _store is None or _stopped:
             return
         if rank() == 0:
             # Reported: a stop from the launcher now (another rank ended first) would only cut the exit short.
@@ -371,7 +374,7 @@ def _wait_for(keys: List[str], seconds: float) -> None:
     """Wait until every key is in the store, or ``seconds`` passed; in slices of a second, so that a
     SIGTERM from the launcher is acted on (see :func:`gather`)."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not _stopped:
         try:
             if _store.check(keys):
                 return
