@@ -77,6 +77,7 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
     assert _session_files(temp) == []  # its temp files went with it
 
 
+@pytest.mark.slow  # a pytest of its own, whose forkserver imports torch and deepspeed: about 30 s
 def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path):
     """SIGKILL (a CI job past its limit, the OOM killer) leaves pytest no chance to clean up: the ranks,
     the forkserver and multiprocessing's resource tracker must still go, within 10 s; the session's temp
@@ -149,6 +150,7 @@ def test_torchrun_launcher_mode_every_ending_is_every_ranks_outcome(tmp_path):
 
 
 @needs_torchrun
+@pytest.mark.slow  # two pytest processes under torchrun: about 60 s
 def test_torchrun_rank_zero_reports_whatever_failed_on_which_rank(tmp_path):
     """A test failing on rank 1 only, a rank stuck where the watchdog cannot reach, and a fresh (empty)
     extensions cache: rank 0 prints the table and writes the report, the stuck rank's stack is in the
