@@ -24,6 +24,7 @@ import signal
 import sys
 import traceback
 
+from pytest_zero3 import spawner
 from pytest_zero3.job import Attempt
 from pytest_zero3.outcome import HUNG, PASSED, RAISED, SKIPPED, UNFORMED, UNSUPPORTED, XFAILED, RankOutcome
 
@@ -181,7 +182,7 @@ def _die_with(pytest_pid: int) -> None:
     itself dies with pytest (it asks the same in :mod:`pytest_zero3.preload`), so however pytest ends,
     SIGKILL included, no rank is left, even one stuck in C code.  Exits at once if pytest is gone."""
     die_with_parent()
-    if os.getppid() == 1 or not _alive(pytest_pid):
+    if os.getppid() == 1 or not spawner.alive(pytest_pid):
         os._exit(1)
 
 
@@ -190,13 +191,3 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -55,7 +55,7 @@ def remove_leftovers(directory: str = "") -> List[str]:
         return removed
     for name in names:
         m = _LEFTOVER.match(name)
-        if not m or int(m.group(1)) != os.getuid() or _alive(int(m.group(2))):
+        if not m or int(m.group(1)) != os.getuid() or alive(int(m.group(2))):
             continue
         path = os.path.join(directory, name)
         if os.path.isdir(path):
@@ -67,7 +67,8 @@ def remove_leftovers(directory: str = "") -> List[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (of any user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -309,3 +309,19 @@ def test_cause_order_died_raised_hung_then_peer_gone():
     assert first_failure([peer_gone, hung, raised]) == "rank 2 raised: ValueError: broke"
     assert first_failure([peer_gone, hung, raised, died]) == "rank 3 died: killed by SIGSEGV"
     assert first_failure([peer_gone]).startswith("rank 0 raised: RuntimeError")
+
+
+def test_which_tries_count_as_a_world_that_did_not_form():
+    """Only a failure to join is tried again; a set-up error before joining would repeat, so it fails."""
+    from pytest_zero3.outcome import RankOutcome
+    from pytest_zero3.world import not_formed
+
+    def outs(*statuses):
+        return [RankOutcome(r, s) for r, s in enumerate(statuses)]
+
+    assert not_formed(outs("unformed", "stopped"), joined={0, 1})  # gloo could not connect; the peer was stopped
+    assert not_formed(outs("died", "stopped"), joined={0, 1})  # died while joining
+    assert not_formed(outs("hung", "hung"), joined={0, 1})  # the store never saw every rank
+    assert not not_formed(outs("died", "stopped"), joined={1})  # died before joining: in its own set-up
+    assert not not_formed(outs("raised", "unformed"), joined={1})  # a set-up error (importing the impl) fails
+    assert not not_formed(outs("stopped", "stopped"), joined={0, 1})
