@@ -21,7 +21,6 @@ import pickle
 import sys
 import time
 import zlib
-from multiprocessing.connection import wait
 from typing import Any, Callable, List, Optional, Set, Union
 
 import pytest
@@ -218,6 +217,8 @@ def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
 
 
 def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
+    from multiprocessing.connection import wait  # not at import: it registers an atexit hook (a guest adds none)
+
     files = [rank_mod.paths(run_dir, r) for r in range(len(procs))]
     outcomes: List[RankOutcome] = [None] * len(procs)
     deadline = time.monotonic() + timeout
@@ -258,6 +259,8 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
     A rank that finishes meanwhile (it was about to exit when the deadline came) keeps its own
     outcome: it is re-checked on every poll, and once more after the kill.
     """
+    from multiprocessing.connection import wait
+
     live = [r for r in range(len(procs)) if outcomes[r] is None]
     for r in live:
         try:
