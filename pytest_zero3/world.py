@@ -191,11 +191,11 @@ def not_formed_text(tries: List[List[RankOutcome]], name: str, size: int) -> str
         "",
     ]
     for i, outcomes in enumerate(tries[:-1], 1):
-        lines += [f"try {i}:"] + [
+        lines += [f"try {i}:", ""] + [
             f"  rank {o.rank}: {o.status}: {o.message.splitlines()[0] if o.message else ''}" for o in outcomes
         ]
         lines.append("")
-    return "\n".join(lines) + failure_text(tries[-1], f"try {len(tries)}:")
+    return "\n".join(lines) + "\n" + failure_text(tries[-1], f"try {len(tries)}:")
 
 
 def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
