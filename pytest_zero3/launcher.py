@@ -27,10 +27,15 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Callable, List, Optional
 
+import pytest
+
+from pytest_zero3 import dsops
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.outcome import HUNG, RankOutcome
+from pytest_zero3.world import BaseWorld
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 #: Seconds a rank waits for the others' outcomes after the scenario deadline (their exchange itself).
@@ -42,6 +47,9 @@ GROUP_PREFIX = "pytest-zero3/group"
 #: Seconds past the timeout before the watchdog interrupts a scenario, so that a collective's own
 #: timeout error (which names the collective) wins over the watchdog's report.
 WATCHDOG_SLACK = 1.0
+#: Seconds past the watchdog before a scenario it could not interrupt is reported hung with its stack
+#: from a thread (well within the others' :data:`EXCHANGE_GRACE`).
+STACK_WATCH_AFTER = 1.0
 
 
 def active() -> bool:
@@ -56,7 +64,7 @@ class LauncherStopped(KeyboardInterrupt):
     """The launcher terminated this pytest process (typically because another rank's process ended)."""
 
 
-class LauncherWorld:
+class LauncherWorld(BaseWorld):
     """Stands in for :class:`pytest_zero3.world.World` when pytest runs under torchrun."""
 
     _applied = False
@@ -67,14 +75,6 @@ class LauncherWorld:
         self._on_outcomes = on_outcomes
         self._test = _current_test()
         self._calls = 0
-
-    def run(self, fn: Callable, *args, **kwargs) -> list:
-        from pytest_zero3.world import settle
-
-        outcomes = self.outcomes(fn, *args, **kwargs)
-        if self._on_outcomes is not None:
-            self._on_outcomes(outcomes)
-        return settle(outcomes, fn)
 
     def resized(self, size: int) -> Optional["LauncherWorld"]:
         """The launcher fixed the world size: only that size runs (None for any other)."""
@@ -87,13 +87,25 @@ class LauncherWorld:
         self._calls += 1
         r = rank()
         start = time.monotonic()
-        mine = _call_with_watchdog(
-            r, _in_fresh_group, (key, self.backend, self.timeout, store, fn, args, kwargs), {}, self.timeout
+        post = _Post(store, f"{KEY_PREFIX}/{key}")
+        # A scenario stuck where the SIGALRM watchdog cannot reach it (C code, the signal blocked) is
+        # reported from a thread, with its stack, while the other ranks still wait for its outcome.
+        stack_watch = threading.Timer(
+            self.timeout + WATCHDOG_SLACK + STACK_WATCH_AFTER, _post_stack, (post, r, self.timeout)
         )
+        stack_watch.daemon = True
+        stack_watch.start()
+        try:
+            mine = _call_with_watchdog(
+                r, _in_fresh_group, (key, self.backend, self.timeout, store, fn, args, kwargs), {}, self.timeout
+            )
+        finally:
+            stack_watch.cancel()
         if r == 0:
             mine.identity = _identity()
+        mine = post(mine)  # or what the stack watch posted already: every rank sees the same verdict
         deadline = max(start + self.timeout, time.monotonic()) + EXCHANGE_GRACE
-        return exchange(store, f"{KEY_PREFIX}/{key}", mine, self.size, deadline, self.timeout)
+        return gather(store, f"{KEY_PREFIX}/{key}", mine, self.size, deadline, self.timeout)
 
     def _base_store(self):
         """The launcher's key-value store, reached once through an ``env://`` rendezvous (and kept)."""
@@ -103,6 +115,8 @@ class LauncherWorld:
         from pytest_zero3 import impl
 
         if not LauncherWorld._applied:
+            dsops.probe()  # as the forkserver does: nothing is compiled inside a scenario's timeout
+            dsops.skip_cpu_shm_comm_op()
             impl.apply(self.spec)
             LauncherWorld._applied = True
         if _store is None:
@@ -163,13 +177,47 @@ def _forget_deepspeed_groups() -> None:
                 setattr(groups, name, None)
 
 
-def exchange(store, key: str, mine: RankOutcome, size: int, deadline: float, timeout: float) -> List[RankOutcome]:
-    """Post this rank's outcome under ``key``; return every rank's, waiting for them until ``deadline``.
+class _Post:
+    """Posts this rank's outcome under a key once: from the scenario's end or from the stack watch,
+    whichever comes first.  Returns the outcome that was posted."""
+
+    def __init__(self, store, key: str):
+        self.store, self.key = store, key
+        self.posted: Optional[RankOutcome] = None
+        self._lock = threading.Lock()
+
+    def __call__(self, outcome: RankOutcome) -> RankOutcome:
+        with self._lock:
+            if self.posted is None:
+                self.store.set(f"{self.key}/{outcome.rank}", pickle.dumps(outcome))
+                self.posted = outcome
+            return self.posted
+
+
+def _post_stack(post: _Post, r: int, timeout: float) -> None:
+    """Post a hung outcome with the main thread's stack (called from the stack watch's thread)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    frames = traceback.extract_stack(frame) if frame is not None else []
+    ours = [i for i, f in enumerate(frames) if f.name == _in_fresh_group.__name__ and f.filename == __file__]
+    stack = "".join(traceback.format_list(frames[ours[-1] + 1 :] if ours else frames))  # the scenario's frames
+    post(
+        RankOutcome(
+            r,
+            HUNG,
+            message=f"still running after the {timeout:g} s timeout, where the watchdog cannot interrupt it "
+            "(in C code or with signals blocked); its stack below (raise the timeout with --zero3-timeout "
+            "if it is only slow)",
+            traceback="Stack (most recent call last):\n" + stack,
+        )
+    )
+
+
+def gather(store, key: str, mine: RankOutcome, size: int, deadline: float, timeout: float) -> List[RankOutcome]:
+    """Every rank's outcome posted under ``key`` (``mine`` is this rank's), waiting until ``deadline``.
 
     Waits in slices of at most a second, so a SIGTERM from the launcher is acted on promptly (a
     signal handler runs only between Python bytecodes, never inside the store's C++ wait).
     """
-    store.set(f"{key}/{mine.rank}", pickle.dumps(mine))
     got = {mine.rank: mine}
     while True:
         for r in range(size):
@@ -241,6 +289,7 @@ def _identity() -> dict:
 
 
 _stop_handler_installed = False
+_stopped = False  # the launcher is stopping this process: no waiting for other ranks any more
 
 
 def _install_stop_handler() -> None:
@@ -251,6 +300,8 @@ def _install_stop_handler() -> None:
     _stop_handler_installed = True
 
     def on_term(signum, frame):
+        global _stopped
+        _stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise LauncherStopped(
             f"pytest on rank {rank()} received {signal.Signals(signum).name} from the launcher, "
@@ -259,3 +310,82 @@ def _install_stop_handler() -> None:
         )
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+#: Store key prefix of the end-of-session exchange.
+SESSION_PREFIX = "pytest-zero3/session"
+#: Seconds rank 0 waits for the other ranks to end their tests, and they for rank 0 to report.
+SESSION_WAIT = 600.0
+
+
+class SessionEnd:
+    """A pytest plugin of launcher mode: no rank's process ends before rank 0 has reported.
+
+    torchrun stops every rank as soon as one process exits non-zero, so a rank that failed a test and
+    ended first would stop rank 0 while it prints the table and writes the reports.  Instead, every
+    rank posts its exit status when its session finishes; rank 0 waits for all of them, reports as in
+    forked mode (naming a rank whose session failed), then posts that it is done, and the other ranks
+    exit only after that.  Inert in a process that ran no world (it never reached the store).
+    """
+
+    NAME = "zero3-launcher-end"
+
+    def __init__(self):
+        self.statuses: dict = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        if _store is None or _stopped:
+            return
+        _store.set(f"{SESSION_PREFIX}/status/{rank()}", str(int(exitstatus)))
+        if rank() == 0:
+            size = int(os.environ["WORLD_SIZE"])
+            keys = {r: f"{SESSION_PREFIX}/status/{r}" for r in range(1, size)}
+            _wait_for(list(keys.values()), SESSION_WAIT)
+            self.statuses = {r: _get(key) for r, key in keys.items()}
+
+    def pytest_terminal_summary(self, terminalreporter):
+        for r, status in sorted(self.statuses.items()):
+            if status is None:
+                terminalreporter.write_line(
+                    f"zero3: rank {r} did not end its session within {SESSION_WAIT:g} s; see its own output",
+                    red=True,
+                )
+            elif status != "0":
+                terminalreporter.write_line(
+                    f"zero3: rank {r} ended its session with exit status {status}; see its own output for why",
+                    red=True,
+                )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config):
+        if _store is None or _stopped:
+            return
+        if rank() == 0:
+            # Reported: a stop from the launcher now (another rank ended first) would only cut the exit short.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _store.set(f"{SESSION_PREFIX}/reported", "1")
+        else:
+            _wait_for([f"{SESSION_PREFIX}/reported"], SESSION_WAIT)
+
+
+def _wait_for(keys: List[str], seconds: float) -> None:
+    """Wait until every key is in the store, or ``seconds`` passed; in slices of a second, so that a
+    SIGTERM from the launcher is acted on (see :func:`gather`)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not _stopped:
+        try:
+            if _store.check(keys):
+                return
+            _store.wait(keys, datetime.timedelta(seconds=min(1.0, max(end - time.monotonic(), 0.01))))
+            return
+        except RuntimeError:  # DistStoreError: this slice ended without them (or the store is gone)
+            continue
+
+
+def _get(key: str) -> Optional[str]:
+    try:
+        return _store.get(key).decode() if _store.check([key]) else None
+    except RuntimeError:
+        return None

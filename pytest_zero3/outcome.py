@@ -55,6 +55,21 @@ UNSUPPORTED = "unsupported"
 HUNG = "hung"
 DIED = "died"
 STOPPED = "stopped"  # killed by the harness after another rank failed
+UNFORMED = "unformed"  # could not join the process group: the scenario never started
+
+#: What an error looks like when a rank raised only because a peer went away (it died, hung, or
+#: closed its connections): never the cause while another rank died, hung or raised for itself.
+PEER_GONE = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "gloo/transport",
+    "connectfullmesh",
+    "remote worker",
+    "distnetworkerror",
+    "distbackenderror",
+    "could not join this scenario's process group",
+)
 
 
 @dataclasses.dataclass
@@ -96,7 +111,8 @@ def death_message(exitcode: Optional[int]) -> str:
 
 
 def failure_text(outcomes: List[RankOutcome], title: str) -> str:
-    """The text of a failed world: a one-line verdict per rank, then the details of each distinct failure.
+    """The text of a failed world: a one-line verdict per rank, then the details of each distinct failure,
+    the likely cause first (see :func:`cause_rank`).
 
     Ranks that failed identically (as with :func:`pytest_zero3.scenario.agree`) are shown once.
     """
@@ -109,7 +125,7 @@ def failure_text(outcomes: List[RankOutcome], title: str) -> str:
     for o in outcomes:
         if o.status != PASSED:
             groups.setdefault((o.status, o.message, _trim_harness_frames(o.traceback), o.log_tail), []).append(o)
-    for same in groups.values():
+    for same in sorted(groups.values(), key=lambda g: cause_rank(g[0])):
         text = same[0].describe()
         if len(same) > 1:
             ranks = ", ".join(str(o.rank) for o in same)
@@ -118,13 +134,30 @@ def failure_text(outcomes: List[RankOutcome], title: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def peer_gone(outcome: RankOutcome) -> bool:
+    """Whether ``outcome`` is a rank that raised because a peer went away (see :data:`PEER_GONE`)."""
+    text = f"{outcome.message}\n{outcome.traceback}".lower()
+    return outcome.status == RAISED and any(p in text for p in PEER_GONE)
+
+
+def cause_rank(outcome: RankOutcome) -> int:
+    """How likely ``outcome`` is the cause of a failed world, lower first: a rank that died, then one
+    that raised for itself, then one that hung, then one that raised because a peer went away, then one
+    that never joined; a rank the harness stopped, or that passed or skipped, is no cause."""
+    if outcome.status == DIED:
+        return 0
+    if outcome.status == RAISED:
+        return 3 if peer_gone(outcome) else 1
+    return {HUNG: 2, UNFORMED: 4}.get(outcome.status, 5)
+
+
 def first_failure(outcomes: List[RankOutcome]) -> str:
-    """One line naming the first real failure (a rank stopped by the harness is not one)."""
-    for status in (RAISED, DIED, HUNG):
-        for o in outcomes:
-            if o.status == status:
-                return f"rank {o.rank} {status}: {o.message.splitlines()[0] if o.message else ''}".rstrip(": ")
-    return "scenario failed"
+    """One line naming the failure that most likely caused the others (see :func:`cause_rank`)."""
+    causes = sorted((o for o in outcomes if cause_rank(o) < 5), key=cause_rank)  # stable: rank order within a kind
+    if not causes:
+        return "scenario failed"
+    o = causes[0]
+    return f"rank {o.rank} {o.status}: {o.message.splitlines()[0] if o.message else ''}".rstrip(": ")
 
 
 _HARNESS_FRAMES = ("/multiprocessing/", "pytest_zero3/rank.py", 'File "<string>"')

@@ -98,6 +98,8 @@ class Zero3Session:
                 self._undo.append(lambda: _restore_signal(signal.SIGTERM, previous))
             atexit.register(spawner.kill_all)
             self._undo.append(lambda: atexit.unregister(spawner.kill_all))
+        elif not self.config.pluginmanager.has_plugin(launcher.SessionEnd.NAME):  # no rank ends before rank 0 reported
+            self.config.pluginmanager.register(launcher.SessionEnd(), launcher.SessionEnd.NAME)
 
     def stop(self) -> None:
         """End of session: stop every rank and the forkserver, then undo :meth:`start` in reverse."""
@@ -132,7 +134,7 @@ class Zero3Session:
             size,
             backend,
             timeout,
-            settings.spec.text,
+            settings.spec,
             base,
             preload=markers.preloads(request.config),
             on_outcomes=record,

@@ -3,7 +3,7 @@
 A freshly spawned rank spends seconds importing torch and deepspeed (and torch._dynamo, which
 torch.optim pulls in lazily on first use).  The forkserver pays that once; a rank forked from it
 starts in milliseconds.  What to load comes from the job payload the parent wrote before the
-forkserver started (:func:`pytest_zero3.spawner.payload_path`).
+forkserver started (:func:`pytest_zero3.spawner.payload_path`), a :class:`~pytest_zero3.job.Job`.
 """
 
 import faulthandler
@@ -14,7 +14,9 @@ import pickle
 import signal
 import sys
 
-from pytest_zero3.spawner import payload_path
+from pytest_zero3 import dsops, rank, spawner
+from pytest_zero3.impl import Spec
+from pytest_zero3.job import Job
 
 #: Always loaded: the harness itself and what any ZeRO-3 rank imports.
 BASE = (
@@ -37,64 +39,38 @@ DEEPSPEED = (
 
 
 def _load_all() -> None:
+    pytest_pid = os.getppid()  # the forkserver is pytest's child (spawner.start_all starts it)
+    # Dies with pytest however pytest ends (SIGKILL too), and its ranks die with it (rank._die_with):
+    # the "alive" pipe of multiprocessing cannot tell, as every rank holds its write end.
+    rank.die_with_parent()
+    if os.getppid() != pytest_pid:
+        os._exit(1)
     try:
-        with open(payload_path(os.getppid()), "rb") as fh:
+        with open(spawner.payload_path(pytest_pid), "rb") as fh:
             job = pickle.load(fh)
     except OSError:  # started by something other than pytest_zero3.spawner: load the basics only
-        job = dict(preload=[], sys_path=[], spec="installed", stack="")
-    if job["stack"]:  # lets the parent see where a slow or stuck preload is
-        faulthandler.register(signal.SIGUSR1, file=open(job["stack"], "w"), all_threads=True)
+        job = Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=pytest_pid)
+    if job.forkserver_stack:  # lets the parent see where a slow or stuck preload is
+        faulthandler.register(signal.SIGUSR1, file=open(job.forkserver_stack, "w"), all_threads=True)
     # The parent's path, in its order: a fork checkout first, then test-local modules.
-    sys.path[:0] = [entry for entry in job["sys_path"] if entry not in sys.path]
+    sys.path[:0] = [entry for entry in job.sys_path if entry not in sys.path]
     for name in BASE:
         importlib.import_module(name)
-    for name in DEEPSPEED + tuple(job["preload"]):
+    for name in DEEPSPEED + tuple(job.preload):
         try:
             importlib.import_module(name)
         except ImportError:
             pass  # reported by the rank that needs it, with its own traceback
-    _probe_deepspeed_ops()
-    _skip_cpu_shm_comm_op()
-    from pytest_zero3 import impl
+    dsops.probe()
+    dsops.skip_cpu_shm_comm_op()
+    if job.spec.kind == "class":
+        from pytest_zero3 import impl
 
-    spec = impl.parse(job["spec"])
-    if spec.kind == "class":
-        impl.load_class(spec)  # checked in the parent already; imported here so ranks inherit it
+        impl.load_class(job.spec)  # checked in the parent already; imported here so ranks inherit it
     # DeepSpeed calls gc.collect() while building the optimizer; with torch's import graph in the heap
     # that takes over a second per rank.  Frozen objects are skipped by the collector.
     gc.collect()
     gc.freeze()
-
-
-def _probe_deepspeed_ops() -> None:
-    """DeepSpeed probes which ops could build (running a C compiler) on first use: do it once, here."""
-    try:
-        import deepspeed.ops
-
-        deepspeed.ops.__compatible_ops__  # noqa: B018 - reading it runs the probe
-    except Exception:
-        pass
-
-
-def _skip_cpu_shm_comm_op() -> None:
-    """Keep DeepSpeed's CPU shared-memory all-reduce op out of the ranks.
-
-    On CPU, DeepSpeed's comm backend JIT-builds an op (about 40 s once) that maps two 66 MB files in
-    /dev/shm per rank, named by MASTER_ADDR/PORT and never removed: a suite forks hundreds of worlds
-    and would fill the machine's memory.  The op only speeds up CPU all-reduce; ZeRO-3's parameter
-    coordination does not depend on it, so the ranks use plain gloo collectives instead.
-    """
-    if os.environ.get("DS_ACCELERATOR") != "cpu":
-        return
-    try:
-        import deepspeed.ops
-        from deepspeed.accelerator import get_accelerator
-
-        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-        if builder is not None:
-            deepspeed.ops.__compatible_ops__[builder.NAME] = False
-    except Exception:
-        pass  # an older deepspeed without this op: nothing to skip
 
 
 _load_all()

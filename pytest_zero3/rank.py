@@ -3,9 +3,14 @@
 Runs in a process forked from the forkserver (or spawned).  It reports through files in the
 world's run directory, never through pipes, so a rank that hangs or dies cannot block the parent:
 
-* ``rank<N>.log``    - the rank's stdout and stderr;
-* ``rank<N>.stack``  - faulthandler output: on a fatal signal, and on SIGUSR1 from the parent;
-* ``rank<N>.result`` - the pickled :class:`~pytest_zero3.outcome.RankOutcome`, written atomically.
+* ``rank<N>.log``     - the rank's stdout and stderr;
+* ``rank<N>.stack``   - faulthandler output: on a fatal signal, and on SIGUSR1 from the parent;
+* ``rank<N>.joining`` - made when the rank starts joining the process group;
+* ``rank<N>.started`` - made when the world formed and the scenario is about to start;
+* ``rank<N>.result``  - the pickled :class:`~pytest_zero3.outcome.RankOutcome`, written atomically.
+
+The two markers let the parent tell a world that did not form (retried with fresh ranks) from a
+scenario that failed (never retried).
 """
 
 from __future__ import annotations
@@ -19,33 +24,35 @@ import signal
 import sys
 import traceback
 
-from pytest_zero3.outcome import HUNG, PASSED, RAISED, SKIPPED, UNSUPPORTED, XFAILED, RankOutcome
+from pytest_zero3 import spawner
+from pytest_zero3.job import Attempt
+from pytest_zero3.outcome import HUNG, PASSED, RAISED, SKIPPED, UNFORMED, UNSUPPORTED, XFAILED, RankOutcome
 
 STACK_SIGNAL = signal.SIGUSR1
 
 
 def paths(run_dir: str, rank: int) -> dict:
-    return {kind: os.path.join(run_dir, f"rank{rank}.{kind}") for kind in ("log", "stack", "result")}
+    kinds = ("log", "stack", "joining", "started", "result")
+    return {kind: os.path.join(run_dir, f"rank{rank}.{kind}") for kind in kinds}
 
 
-def main(payload: bytes, rank: int) -> None:
+def main(attempt: Attempt, rank: int) -> None:
     """Entry point of a rank process (the ``target`` of its ``multiprocessing.Process``)."""
-    job = pickle.loads(payload)
-    files = paths(job["run_dir"], rank)
-    _die_with_parent(job["parent_pid"])
+    files = paths(attempt.run_dir, rank)
+    _die_with(attempt.job.parent_pid)
     _redirect_output(files["log"])
     stack_file = open(files["stack"], "w")
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
-    outcome = _run(job, rank)
+    outcome = _run(attempt, rank, files)
     _write_outcome(files["result"], outcome)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: nothing of a finished rank is worth waiting for
 
 
-def _run(job: dict, rank: int) -> RankOutcome:
-    outcome = _run_scenario(job, rank)
+def _run(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
+    outcome = _run_scenario(attempt, rank, files)
     if rank == 0:
         try:
             from pytest_zero3 import impl
@@ -56,18 +63,31 @@ def _run(job: dict, rank: int) -> RankOutcome:
     return outcome
 
 
-def _run_scenario(job: dict, rank: int) -> RankOutcome:
+def _run_scenario(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
     try:
-        sys.path[:] = job["sys_path"]
-        _set_env(job, rank)
+        sys.path[:] = attempt.job.sys_path
+        _set_env(attempt, rank)
         from pytest_zero3 import impl
 
-        impl.apply(impl.parse(job["spec"]))
-        _join_world(job, rank)
-        fn, args, kwargs = pickle.loads(job["call"])
-    except BaseException as exc:  # set-up failures are this rank's result too
+        impl.apply(attempt.job.spec)
+        fn, args, kwargs = pickle.loads(attempt.call)
+    except BaseException as exc:  # set-up failures are this rank's result too (not retried: they repeat)
         return ending(rank, exc)
+    _touch(files["joining"])
+    try:
+        _join_world(attempt, rank)
+    except BaseException as exc:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return RankOutcome(
+            rank, UNFORMED, message=f"could not join the world: {type(exc).__name__}: {exc}", traceback=tb
+        )
+    _touch(files["started"])
     return call(rank, fn, args, kwargs)
+
+
+def _touch(path: str) -> None:
+    with open(path, "w"):
+        pass
 
 
 class Timeout(BaseException):
@@ -109,8 +129,8 @@ def ending(rank: int, exc: BaseException) -> RankOutcome:
     return RankOutcome(rank, RAISED, message=f"{type(exc).__name__}: {exc}".strip(), traceback=tb)
 
 
-def _set_env(job: dict, rank: int) -> None:
-    size = job["world_size"]
+def _set_env(attempt: Attempt, rank: int) -> None:
+    size = attempt.world_size
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -118,24 +138,23 @@ def _set_env(job: dict, rank: int) -> None:
         LOCAL_SIZE=str(size),
         LOCAL_WORLD_SIZE=str(size),
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(job["port"]),
+        MASTER_PORT=str(attempt.port),
     )
 
 
-def _join_world(job: dict, rank: int) -> None:
+def _join_world(attempt: Attempt, rank: int) -> None:
+    """Form the process group, then wait until every rank formed it: no rank starts the scenario
+    while a peer may still fail to join (that would make a scenario failure of a world that never formed)."""
     import torch
     import torch.distributed as dist
 
-    if job["backend"] == "nccl":
+    if attempt.backend == "nccl":
         torch.cuda.set_device(rank)
-    store = dist.FileStore(os.path.join(job["run_dir"], "store"), job["world_size"])
-    dist.init_process_group(
-        job["backend"],
-        store=store,
-        rank=rank,
-        world_size=job["world_size"],
-        timeout=datetime.timedelta(seconds=job["timeout"]),
-    )
+    timeout = datetime.timedelta(seconds=attempt.timeout)
+    store = dist.FileStore(os.path.join(attempt.run_dir, "store"), attempt.world_size)
+    dist.init_process_group(attempt.backend, store=store, rank=rank, world_size=attempt.world_size, timeout=timeout)
+    store.set(f"pytest-zero3/formed/{rank}", "1")
+    store.wait([f"pytest-zero3/formed/{r}" for r in range(attempt.world_size)], timeout)
 
 
 def _write_outcome(path: str, outcome: RankOutcome) -> None:
@@ -158,20 +177,17 @@ def _redirect_output(log_path: str) -> None:
     os.close(fd)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make the kernel kill this rank when the process that forked it dies (Linux), so no rank is orphaned."""
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1 or not _alive(parent_pid):
+def _die_with(pytest_pid: int) -> None:
+    """Make the kernel kill this rank when the forkserver that forked it dies (Linux); the forkserver
+    itself dies with pytest (it asks the same in :mod:`pytest_zero3.preload`), so however pytest ends,
+    SIGKILL included, no rank is left, even one stuck in C code.  Exits at once if pytest is gone."""
+    die_with_parent()
+    if os.getppid() == 1 or not spawner.alive(pytest_pid):
         os._exit(1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when this process's parent (the thread that started it) ends (Linux)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

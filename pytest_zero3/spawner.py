@@ -8,9 +8,13 @@ outlives pytest, whatever ends it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import multiprocessing
 import os
 import pickle
+import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -18,15 +22,60 @@ import threading
 import time
 from typing import List
 
+from pytest_zero3.job import Job
+
+
+def session_dir(pid: int) -> str:
+    """The temp directory of the pytest process ``pid``: the forkserver's payload and stack live here.
+
+    Named by pid so that the forkserver finds its payload by its parent's pid, and so that a later
+    session can tell the directory of a session that ended without cleaning up (SIGKILL) by its pid.
+    """
+    return os.path.join(tempfile.gettempdir(), f"{_PREFIX}{os.getuid()}-{pid}")
+
 
 def payload_path(parent_pid: int) -> str:
-    """The forkserver's job payload, written by its parent (pid ``parent_pid``) before it starts.
+    """The forkserver's :class:`~pytest_zero3.job.Job`, written by its parent (pid ``parent_pid``) before
+    it starts.  It travels in this file, not in environment variables: nothing leaks into the
+    environment of pytest or of anything else it starts."""
+    return os.path.join(session_dir(parent_pid), "forkserver.pickle")
 
-    What the forkserver loads (extra modules, the parent's import path, the spec, where to write its
-    stack) travels in this file, not in environment variables: the forkserver finds it by its
-    parent's pid, and nothing leaks into the environment of pytest or of anything else it starts.
-    """
-    return os.path.join(tempfile.gettempdir(), f"pytest-zero3-{os.getuid()}-forkserver-{parent_pid}.pickle")
+
+_PREFIX = "pytest-zero3-"
+_LEFTOVER = re.compile(re.escape(_PREFIX) + r"(\d+)-(?:forkserver-)?(\d+)(?:\.pickle)?$")
+
+
+def remove_leftovers(directory: str = "") -> List[str]:
+    """Remove the temp files and directories of sessions of this user whose process is gone; return them."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _LEFTOVER.match(name)
+        if not m or int(m.group(1)) != os.getuid() or alive(int(m.group(2))):
+            continue
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        removed.append(path)
+    return removed
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (of any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 #: Seconds the forkserver may take to become ready (its preload imports torch and deepspeed, and may
@@ -44,12 +93,16 @@ _stack_path = ""
 _live: set = set()
 
 
-def context(extra_preload: List[str], spec_text: str = "installed"):
-    """The forkserver context, started on first use with ``extra_preload`` modules and ``spec_text`` loaded."""
+def context(job: Job):
+    """The forkserver context, started on first use with what ``job`` names loaded."""
     global _context, _stack_path
     if _context is None:
-        _stack_path = os.path.join(tempfile.mkdtemp(prefix="pytest-zero3-"), "forkserver.stack")
-        job = dict(preload=sorted(set(extra_preload)), sys_path=list(sys.path), spec=spec_text, stack=_stack_path)
+        remove_leftovers()
+        here = session_dir(os.getpid())
+        shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
+        os.makedirs(here)
+        _stack_path = os.path.join(here, "forkserver.stack")
+        job = dataclasses.replace(job, preload=tuple(sorted(set(job.preload))), forkserver_stack=_stack_path)
         with open(payload_path(os.getpid()), "wb") as fh:
             pickle.dump(job, fh)
         ctx = multiprocessing.get_context("forkserver")
@@ -66,6 +119,11 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
     pytest forever, so the start runs in a thread, and a stuck forkserver is killed and reported.
     """
     procs, errors = [], []
+    # Started from this (the main) thread, not the starter thread below: the forkserver dies with the
+    # thread that started it (PR_SET_PDEATHSIG), and the starter thread ends after each start.
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 
     def go():
         try:
@@ -161,10 +219,7 @@ def kill_all() -> None:
             except Exception:
                 pass
     _context = None
-    try:
-        os.remove(payload_path(os.getpid()))
-    except OSError:
-        pass
+    shutil.rmtree(session_dir(os.getpid()), ignore_errors=True)
 
 
 def install_signal_handlers() -> None:

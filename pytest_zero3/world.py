@@ -5,6 +5,11 @@ a deadline.  It never blocks on a rank: outcomes come back through files (see
 :mod:`pytest_zero3.rank`).  When a rank raises or dies, the others get a short grace period to
 finish (they usually fail fast in their next collective) and are then stopped.  When the deadline
 passes, every live rank is asked for its Python stack (faulthandler on SIGUSR1), and killed.
+
+A world that does not form (a rank cannot join the process group: gloo cannot connect its ranks, the
+store times out, a rank dies while joining) is no verdict on the implementation: no scenario ran.
+It is tried again with fresh ranks (:data:`FORM_ATTEMPTS` in all), and if it never forms, the test
+fails with :class:`WorldNotFormed`.  A scenario that started is never run again.
 """
 
 from __future__ import annotations
@@ -16,20 +21,20 @@ import pickle
 import sys
 import time
 import zlib
-from multiprocessing.connection import wait
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Set, Union
 
 import pytest
 
-from pytest_zero3 import options
+from pytest_zero3 import impl, options, spawner
 from pytest_zero3 import rank as rank_mod
-from pytest_zero3 import spawner
+from pytest_zero3.job import Attempt, Job
 from pytest_zero3.outcome import (
     DIED,
     HUNG,
     PASSED,
     SKIPPED,
     STOPPED,
+    UNFORMED,
     UNSUPPORTED,
     XFAILED,
     RankOutcome,
@@ -41,35 +46,38 @@ from pytest_zero3.outcome import (
 GRACE_SECONDS = 5.0
 #: Seconds to wait for the stacks of ranks being stopped (all of them together), and the poll step.
 STACK_SECONDS, STACK_POLL = 3.0, 0.05
+#: Tries at forming a world for one scenario call (fresh ranks each time) before it is reported.
+FORM_ATTEMPTS = 3
 _run_ids = itertools.count()
 
 
-class WorldFailure(Exception):
-    """A scenario did not pass on every rank; ``outcomes`` holds what each rank did."""
+class WorldFailure(pytest.fail.Exception):
+    """A scenario did not pass on every rank; ``outcomes`` holds what each rank did.
+
+    A pytest failure (``pytrace=False``): pytest shows the per-rank text itself, not this harness's
+    traceback.
+    """
 
     def __init__(self, text: str, outcomes: List[RankOutcome]):
-        super().__init__(text)
+        super().__init__(text, pytrace=False)
         self.outcomes = outcomes
 
 
-class World:
-    """A world of ``size`` ranks under one implementation; each :meth:`run` forks fresh ranks."""
+class WorldNotFormed(WorldFailure):
+    """No world formed in :data:`FORM_ATTEMPTS` tries (or the forkserver never became ready): the
+    scenario never ran, so this says nothing about the implementation.  ``attempts`` holds the
+    outcomes of each try; ``outcomes`` those of the last."""
 
-    def __init__(
-        self,
-        size: int,
-        backend: str,
-        timeout: float,
-        spec_text: str,
-        base_dir: str,
-        preload=(),
-        on_outcomes: Callable[[List[RankOutcome]], None] = None,
-        startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT,
-    ):
-        self.size, self.backend, self.timeout = size, backend, timeout
-        self.startup_timeout = startup_timeout
-        self.spec_text, self.base_dir, self.preload = spec_text, base_dir, list(preload)
-        self._on_outcomes = on_outcomes
+    def __init__(self, text: str, attempts: List[List[RankOutcome]]):
+        super().__init__(text, attempts[-1] if attempts else [])
+        self.attempts = attempts
+
+
+class BaseWorld:
+    """What forked and launcher worlds share: run a scenario call, record its outcomes, judge them."""
+
+    size: int
+    _on_outcomes: Optional[Callable[[List[RankOutcome]], None]] = None
 
     def run(self, fn: Callable, *args, **kwargs) -> List[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank return values in rank order.
@@ -83,6 +91,32 @@ class World:
             self._on_outcomes(outcomes)
         return settle(outcomes, fn)
 
+    def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
+        """Like :meth:`run` but returns the raw per-rank outcomes instead of judging them."""
+        raise NotImplementedError
+
+
+class World(BaseWorld):
+    """A world of ``size`` ranks under one implementation; each :meth:`run` forks fresh ranks."""
+
+    def __init__(
+        self,
+        size: int,
+        backend: str,
+        timeout: float,
+        spec: Union[impl.Spec, str],
+        base_dir: str,
+        preload=(),
+        on_outcomes: Callable[[List[RankOutcome]], None] = None,
+        startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT,
+    ):
+        self.size, self.backend, self.timeout = size, backend, timeout
+        self.startup_timeout = startup_timeout
+        # Scripts outside pytest may give the spec's text; it is parsed here, once, never in a rank.
+        self.spec = impl.parse(spec) if isinstance(spec, str) else spec
+        self.base_dir, self.preload = base_dir, tuple(preload)
+        self._on_outcomes = on_outcomes
+
     def resized(self, size: int) -> Optional["World"]:
         """This world with ``size`` ranks (ranks are forked per run, so any size costs the same), or
         None where ``size`` ranks cannot run here: more ranks than GPUs on nccl."""
@@ -93,35 +127,75 @@ class World:
         return other
 
     def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
-        """Like :meth:`run` but returns the raw per-rank outcomes instead of judging them."""
-        run_dir = os.path.join(self.base_dir, f"run{next(_run_ids)}")
-        os.makedirs(run_dir)
-        job = dict(
+        job = Job(spec=self.spec, sys_path=tuple(sys.path), parent_pid=os.getpid(), preload=self.preload)
+        call = pickle.dumps((fn, args, kwargs))
+        tries = []
+        for _ in range(FORM_ATTEMPTS):
+            outcomes, joined, started = self._attempt(job, call)
+            if started or not not_formed(outcomes, joined):
+                return outcomes
+            tries.append(outcomes)
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise WorldNotFormed(not_formed_text(tries, name, self.size), tries)
+
+    def _attempt(self, job: Job, call: bytes):
+        """Fork fresh ranks for one try; return their outcomes, the ranks that began joining the world,
+        and whether any rank started the scenario."""
+        run_dir = self._new_run_dir()
+        attempt = Attempt(
+            job=job,
             run_dir=run_dir,
-            parent_pid=os.getpid(),
-            sys_path=list(sys.path),
-            spec=self.spec_text,
             world_size=self.size,
             backend=self.backend,
             # the parent's deadline is the authority: a rank's collectives give up only after
             # the parent has stopped it and read its stack (no race between "hung" and "raised")
             timeout=self.timeout + GRACE_SECONDS + STACK_SECONDS,
             port=20000 + zlib.crc32(run_dir.encode()) % 40000,
-            call=pickle.dumps((fn, args, kwargs)),
+            call=call,
         )
-        payload = pickle.dumps(job)
-        ctx = spawner.context(self.preload, self.spec_text)
+        ctx = spawner.context(job)
         try:
             procs = spawner.start_all(
-                ctx, rank_mod.main, [(payload, r) for r in range(self.size)], self.startup_timeout
+                ctx, rank_mod.main, [(attempt, r) for r in range(self.size)], self.startup_timeout
             )
         except spawner.ForkserverStuck as exc:
-            raise WorldFailure(str(exc), []) from None
+            raise WorldNotFormed(f"the world did not form: {exc}", []) from None
         try:
-            return _collect(procs, run_dir, self.timeout)
+            outcomes = _collect(procs, run_dir, self.timeout)
         finally:
             for proc in procs:
                 spawner.kill(proc)
+        files = [rank_mod.paths(run_dir, r) for r in range(self.size)]
+        joined = {r for r in range(self.size) if os.path.exists(files[r]["joining"])}
+        return outcomes, joined, any(os.path.exists(f["started"]) for f in files)
+
+    def _new_run_dir(self) -> str:
+        run_dir = os.path.join(self.base_dir, f"run{next(_run_ids)}")
+        os.makedirs(run_dir)
+        return run_dir
+
+
+def not_formed(outcomes: List[RankOutcome], joined: Set[int]) -> bool:
+    """Whether a try in which no rank started its scenario failed because the world did not form:
+    some rank could not join, or died or hung while joining (it is in ``joined``), and no rank failed
+    for another reason (an error in its set-up, which a new try would only repeat)."""
+    forming = {o.rank for o in outcomes if o.status == UNFORMED or (o.status in (DIED, HUNG) and o.rank in joined)}
+    return bool(forming) and all(o.rank in forming or o.status == STOPPED for o in outcomes)
+
+
+def not_formed_text(tries: List[List[RankOutcome]], name: str, size: int) -> str:
+    lines = [
+        f"the world did not form: {size} ranks could not form a process group in {len(tries)} tries "
+        f"(fresh ranks each time), so scenario {name} never ran. This is the machine, its load or its "
+        "network, not the implementation under test: rerun, or give the machine fewer jobs at once.",
+        "",
+    ]
+    for i, outcomes in enumerate(tries[:-1], 1):
+        lines += [f"try {i}:", ""] + [
+            f"  rank {o.rank}: {o.status}: {o.message.splitlines()[0] if o.message else ''}" for o in outcomes
+        ]
+        lines.append("")
+    return "\n".join(lines) + "\n" + failure_text(tries[-1], f"try {len(tries)}:")
 
 
 def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
@@ -143,6 +217,8 @@ def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
 
 
 def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
+    from multiprocessing.connection import wait  # not at import: it registers an atexit hook (a guest adds none)
+
     files = [rank_mod.paths(run_dir, r) for r in range(len(procs))]
     outcomes: List[RankOutcome] = [None] * len(procs)
     deadline = time.monotonic() + timeout
@@ -183,6 +259,8 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
     A rank that finishes meanwhile (it was about to exit when the deadline came) keeps its own
     outcome: it is re-checked on every poll, and once more after the kill.
     """
+    from multiprocessing.connection import wait
+
     live = [r for r in range(len(procs)) if outcomes[r] is None]
     for r in live:
         try:

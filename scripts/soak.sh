@@ -7,6 +7,9 @@
 #
 # Results (per-run logs, JUnit XML, JSON reports, times.tsv) go to $SOAK_DIR (default soak/).
 # SOAK_SUMMARY_ONLY=1 skips the runs and summarises what $SOAK_DIR holds (e.g. an interrupted soak).
+# SOAK_LOAD=1 runs every run under load: one busy process per core (SOAK_LOAD_PROCS to choose how
+# many) beside the suite, stopped when the soak ends however it ends; a flake or false red that
+# only load brings out shows up as a changed outcome.
 # Exit status: 1 when any outcome changed between runs, else 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +18,23 @@ shift || true
 OUT="${SOAK_DIR:-soak}"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 mkdir -p "$OUT"
+load_pids=()
+suite_pid=
+stop_load() {
+    for pid in "${load_pids[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${load_pids[@]}"; do wait "$pid" 2>/dev/null; done
+    load_pids=()
+}
+trap stop_load EXIT
+trap '[ -n "$suite_pid" ] && kill -TERM "$suite_pid" 2>/dev/null && wait "$suite_pid"; stop_load; exit 130' INT TERM
+if [ -n "${SOAK_LOAD:-}" ] && [ -z "${SOAK_SUMMARY_ONLY:-}" ]; then
+    procs="${SOAK_LOAD_PROCS:-$(nproc)}"
+    for _ in $(seq 1 "$procs"); do
+        python -c "while True: pass" &
+        load_pids+=($!)
+    done
+    echo "load: $procs busy processes beside the suite (pids ${load_pids[*]})"
+fi
 version=$(python -c "from importlib.metadata import version; print(version('deepspeed'))")
 expect="conformance/expectations/deepspeed-$version.toml"
 [ -n "${SOAK_SUMMARY_ONLY:-}" ] && N=0 || printf "impl\tmode\trun\texit\twall_s\n" > "$OUT/times.tsv"
@@ -27,14 +47,18 @@ for run in $(seq 1 "$N"); do
             [ "$impl" = installed ] && [ -f "$expect" ] && args+=("--zero3-expect=$expect")
             [ "$mode" = n2 ] && args+=(-n 2)
             start=$(date +%s.%N)
-            python -m pytest "${args[@]}" "$@" > "$OUT/$name.log" 2>&1
+            python -m pytest "${args[@]}" "$@" > "$OUT/$name.log" 2>&1 &
+            suite_pid=$!
+            wait "$suite_pid"  # in the background, so that a stop of the soak is acted on at once
             code=$?
+            suite_pid=
             wall=$(python -c "print(f'{$(date +%s.%N) - $start:.1f}')")
             printf "%s\t%s\t%s\t%s\t%s\n" "$impl" "$mode" "$run" "$code" "$wall" >> "$OUT/times.tsv"
             echo "run $run/$N $impl $mode: exit $code, ${wall} s"
         done
     done
 done
+stop_load
 python - "$OUT" <<'EOF'
 """Every test outcome that differs between runs of one implementation, and the wall times."""
 import collections

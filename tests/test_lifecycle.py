@@ -1,5 +1,6 @@
 """Process lifecycle: no orphans after SIGTERM, pytest -n, torchrun launcher mode (issue: foundation §3)."""
 
+import json
 import os
 import shutil
 import signal
@@ -24,10 +25,13 @@ def _wait_for(predicate, timeout, what):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
-    markers = tmp_path / "markers"
+def _start_hanging_session(tmp_path):
+    """pytest on a scenario that blocks on both ranks, in its own temp dir; returns it once both ranks
+    run, with the pids of the ranks and of every process pytest started (forkserver, resource tracker)."""
+    markers, temp = tmp_path / "markers", tmp_path / "temp"
     markers.mkdir()
-    env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu")
+    temp.mkdir()
+    env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu", TMPDIR=str(temp))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(DATA / "hang_case.py"), "--zero3-timeout=600"],
         cwd=tmp_path,
@@ -42,19 +46,54 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
         forkserver = int((markers / f"rank-{ranks[0]}").read_text())
         descendants = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
         assert set(ranks) | {forkserver} <= descendants
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, descendants, temp
+
+
+def _running(pid) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _session_files(temp):
+    return sorted(p.name for p in temp.iterdir() if p.name.startswith("pytest-zero3-"))
+
+
+def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
+    proc, descendants, temp = _start_hanging_session(tmp_path)
+    assert _session_files(temp) == [f"pytest-zero3-{os.getuid()}-{proc.pid}"]
+    try:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    _wait_for(
-        lambda: (
-            not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in descendants)
-        ),
-        20,
-        "every rank and the forkserver to exit",
-    )
+    _wait_for(lambda: not any(map(_running, descendants)), 20, "every rank and the forkserver to exit")
     assert "KeyboardInterrupt" in out or "SIGTERM" in out
+    assert _session_files(temp) == []  # its temp files went with it
+
+
+@pytest.mark.slow  # a pytest of its own, whose forkserver imports torch and deepspeed: about 30 s
+def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path):
+    """SIGKILL (a CI job past its limit, the OOM killer) leaves pytest no chance to clean up: the ranks,
+    the forkserver and multiprocessing's resource tracker must still go, within 10 s; the session's temp
+    files are removed by the next session (by its pid being gone)."""
+    from pytest_zero3 import spawner
+
+    proc, descendants, temp = _start_hanging_session(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    _wait_for(lambda: not any(map(_running, descendants)), 10, "every rank, the forkserver and the tracker to exit")
+    left = _session_files(temp)
+    assert left == [f"pytest-zero3-{os.getuid()}-{proc.pid}"]
+    live = temp / f"pytest-zero3-{os.getuid()}-{os.getpid()}"  # a live session's (this one's pid) is kept
+    live.mkdir()
+    assert spawner.remove_leftovers(str(temp)) == [str(temp / left[0])]  # what a session does at its first world
+    assert _session_files(temp) == [live.name]
 
 
 def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
@@ -63,13 +102,14 @@ def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
     assert "4 passed" in run.stdout
 
 
-def _torchrun(tmp_path, case, *args, timeout=300):
+def _torchrun(tmp_path, case, *args, timeout=300, env=None):
     # PYTHONPATH: the plugin of this checkout, not whichever one is installed (cwd is not the checkout)
     env = dict(
         os.environ,
         DS_ACCELERATOR="cpu",
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
     )
     start = time.monotonic()
     proc = subprocess.run(
@@ -107,6 +147,31 @@ def test_torchrun_launcher_mode_every_ending_is_every_ranks_outcome(tmp_path):
     assert out.count("14 passed") == 2, out  # on both ranks
     assert out.count("ZeRO-3 conformance") == 1  # only rank 0 prints the summary
     assert '"outcome": "pass"' in report.read_text()
+
+
+@needs_torchrun
+@pytest.mark.slow  # two pytest processes under torchrun: about 60 s
+def test_torchrun_rank_zero_reports_whatever_failed_on_which_rank(tmp_path):
+    """A test failing on rank 1 only, a rank stuck where the watchdog cannot reach, and a fresh (empty)
+    extensions cache: rank 0 prints the table and writes the report, the stuck rank's stack is in the
+    failure, and no op is compiled (tests/data/torchrun_report_case.py)."""
+    report, extensions = tmp_path / "r.json", tmp_path / "extensions"
+    rc, out, _ = _torchrun(
+        tmp_path,
+        "torchrun_report_case.py",
+        f"--zero3-report={report}",
+        "--zero3-timeout=60",
+        env={"TORCH_EXTENSIONS_DIR": str(extensions)},
+    )
+    assert rc != 0, out
+    assert out.count("ZeRO-3 conformance") == 1, out  # rank 0's table
+    assert "LauncherStopped: " not in out and "PluggyTeardownRaisedWarning" not in out, out
+    assert "zero3: rank 1 ended its session with exit status 1" in out, out
+    rows = {c["id"]: c for c in json.loads(report.read_text())["contracts"]}
+    assert {cid: row["outcome"] for cid, row in rows.items()} == {"990-a": "pass", "990-b": "pass", "990-c": "fail"}
+    stuck = rows["990-c"]["ranks"][1]
+    assert stuck["status"] == "hung" and "in stuck_where_no_signal_reaches" in stuck["traceback"], stuck
+    assert not list(extensions.rglob("*.so")), list(extensions.rglob("*"))
 
 
 @needs_torchrun

@@ -224,3 +224,104 @@ def test_rank_that_finishes_while_being_stopped_keeps_its_result(zero3_world, mo
     outcomes = zero3_world.outcomes(finish_when_asked_for_a_stack)
     assert outcomes[0].status == "raised"
     assert (outcomes[1].status, outcomes[1].value) == ("passed", "finished while being stopped"), outcomes[1]
+
+
+def note_each_run(marker_dir):
+    """Leaves one file per rank and run, so a test can count how often the scenario ran."""
+    with open(os.path.join(marker_dir, f"rank{scenario.rank()}-pid{os.getpid()}"), "w"):
+        pass
+    return scenario.rank()
+
+
+def _store_unusable_in(monkeypatch, tries):
+    """Make the world's store a directory in the first ``tries`` tries: no rank can join the process
+    group (the store fails to open), as when gloo cannot connect the ranks of a loaded machine."""
+    from pytest_zero3 import world
+
+    made = []
+    real = world.World._new_run_dir
+
+    def new_run_dir(self):
+        run_dir = real(self)
+        if len(made) < tries:
+            os.mkdir(os.path.join(run_dir, "store"))
+        made.append(run_dir)
+        return run_dir
+
+    monkeypatch.setattr(world.World, "_new_run_dir", new_run_dir)
+    return made
+
+
+def test_world_that_did_not_form_is_formed_again_and_the_scenario_runs_once(zero3_world, monkeypatch, tmp_path):
+    tries = _store_unusable_in(monkeypatch, 1)
+    assert zero3_world.run(note_each_run, str(tmp_path)) == [0, 1]
+    assert len(tries) == 2
+    assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir()) == ["rank0", "rank1"]  # ran once per rank
+
+
+def test_world_that_never_forms_is_not_a_scenario_failure(zero3_world, monkeypatch, tmp_path):
+    from pytest_zero3 import world
+
+    tries = _store_unusable_in(monkeypatch, world.FORM_ATTEMPTS)
+    with pytest.raises(world.WorldNotFormed) as info:
+        zero3_world.run(note_each_run, str(tmp_path))
+    text = str(info.value)
+    assert text.startswith("the world did not form: 2 ranks could not form a process group in 3 tries"), text
+    assert "rank 0: unformed: could not join the world: DistStoreError: Is a directory" in text, text
+    assert "rank 1: unformed: could not join the world: DistStoreError: Is a directory" in text, text
+    assert len(tries) == world.FORM_ATTEMPTS and not list(tmp_path.iterdir())  # the scenario never ran
+    assert isinstance(info.value, pytest.fail.Exception) and not info.value.pytrace  # pytest shows the text as is
+
+
+def die_while_the_peer_waits(how):
+    import torch.distributed as dist
+
+    if scenario.rank() == 0:
+        if how == "exit":
+            os._exit(3)
+        os.abort()
+    dist.barrier()  # rank 1 raises here when rank 0's connection goes away
+
+
+@pytest.mark.parametrize("how, cause", [("exit", "exited with code 3"), ("abort", "killed by SIGABRT")])
+def test_reason_names_the_rank_that_died_not_the_peer_it_left(zero3_world, how, cause):
+    from pytest_zero3.outcome import first_failure
+
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(die_while_the_peer_waits, how)
+    outcomes, text = info.value.outcomes, str(info.value)
+    assert outcomes[0].status == "died" and outcomes[1].status in ("raised", "stopped"), text
+    assert first_failure(outcomes).startswith(f"rank 0 died: {cause}"), first_failure(outcomes)
+    details = text.split("\n\n", 2)[2]  # after the title and the per-rank lines: the details, cause first
+    assert details.startswith(f"rank 0: died: {cause}"), text
+
+
+def test_cause_order_died_raised_hung_then_peer_gone():
+    from pytest_zero3.outcome import RankOutcome, first_failure
+
+    peer_gone = RankOutcome(
+        0, "raised", message="RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+    )
+    hung = RankOutcome(1, "hung", message="still running after the 5 s timeout")
+    raised = RankOutcome(2, "raised", message="ValueError: broke")
+    died = RankOutcome(3, "died", message="killed by SIGSEGV")
+    assert first_failure([peer_gone, hung]) == "rank 1 hung: still running after the 5 s timeout"
+    assert first_failure([peer_gone, hung, raised]) == "rank 2 raised: ValueError: broke"
+    assert first_failure([peer_gone, hung, raised, died]) == "rank 3 died: killed by SIGSEGV"
+    assert first_failure([peer_gone]).startswith("rank 0 raised: RuntimeError")
+
+
+def test_which_tries_count_as_a_world_that_did_not_form():
+    """Only a failure to join is tried again; a set-up error before joining would repeat, so it fails."""
+    from pytest_zero3.outcome import RankOutcome
+    from pytest_zero3.world import not_formed
+
+    def outs(*statuses):
+        return [RankOutcome(r, s) for r, s in enumerate(statuses)]
+
+    assert not_formed(outs("unformed", "stopped"), joined={0, 1})  # gloo could not connect; the peer was stopped
+    assert not_formed(outs("died", "stopped"), joined={0, 1})  # died while joining
+    assert not_formed(outs("hung", "hung"), joined={0, 1})  # the store never saw every rank
+    assert not not_formed(outs("died", "stopped"), joined={1})  # died before joining: in its own set-up
+    assert not not_formed(outs("raised", "unformed"), joined={1})  # a set-up error (importing the impl) fails
+    assert not not_formed(outs("stopped", "stopped"), joined={0, 1})

@@ -1,0 +1,36 @@
+"""What pytest hands to the forkserver and to every rank: typed, parsed once, pickled as it is.
+
+The implementation spec is parsed once, in pytest (:func:`pytest_zero3.options.settings_from`); the
+forkserver and the ranks receive the :class:`~pytest_zero3.impl.Spec` itself, never its text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+from pytest_zero3.impl import Spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """The session's part, the same for every world: what to load and whom to die with."""
+
+    spec: Spec
+    sys_path: Tuple[str, ...]  # pytest's import path, in its order (a fork checkout first)
+    parent_pid: int  # pytest: the forkserver and the ranks never outlive it
+    preload: Tuple[str, ...] = ()  # extra modules the forkserver imports once
+    forkserver_stack: str = ""  # where the forkserver writes its stack when asked (SIGUSR1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One try at forming a world and running one scenario call on it (fresh rank processes)."""
+
+    job: Job
+    run_dir: str  # the ranks' log, stack, marker and result files, and the world's store
+    world_size: int
+    backend: str
+    timeout: float  # the process group's timeout
+    port: int  # MASTER_PORT (DeepSpeed reads it; the world itself forms through a file store)
+    call: bytes  # pickled (fn, args, kwargs): unpickled in the rank, where a failure is its result
