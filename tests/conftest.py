@@ -31,7 +31,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "proof: a whole-suite proof run; only with --proofs (scripts/proofs.sh)")
-    config.addinivalue_line("markers", "slow: takes more than about 20 s on the 2-core box")
+    config.addinivalue_line("markers", "slow: a test that needs more than about 20 s (its own pytest or torchrun)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -106,7 +106,3 @@ def run_suite(run_pytest):
         return run_pytest(str(ROOT / "conformance"), f"--zero3-impl={impl}", f"--zero3-select={select}", *extra)
 
     return run
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a test that needs more than about 20 s (its own pytest or torchrun)")
