@@ -21,6 +21,7 @@ class Outcome(str, enum.Enum):
     KNOWN_FAILURE = "known_failure"  # failed, and --zero3-expect lists it
     UNEXPECTED_PASS = "unexpected_pass"  # passed, but --zero3-expect lists it as failing
     UNSUPPORTED = "unsupported"  # the implementation lacks a feature the contract needs
+    WORLD_ERROR = "world_error"  # the world did not form: no verdict on the contract, counted apart from FAIL
     SKIPPED = "skipped"
     NOT_RUN = "not_run"  # registered, selected, but no test of it ran (deselected by -k, interrupted)
 
@@ -32,12 +33,14 @@ class Outcome(str, enum.Enum):
             "known_failure": "known failure",
             "unexpected_pass": "unexpected pass",
             "not_run": "not run",
+            "world_error": "world error",
         }.get(self.value, self.value)
 
 
 #: Worst first: a contract row shows its worst test.
 SEVERITY = (
     Outcome.FAIL,
+    Outcome.WORLD_ERROR,
     Outcome.KNOWN_FAILURE,
     Outcome.UNEXPECTED_PASS,
     Outcome.UNSUPPORTED,

@@ -75,7 +75,8 @@ class Zero3Session:
                 impl.load_class(settings.spec)
             except impl.SpecError as exc:
                 raise pytest.UsageError(str(exc)) from None
-        self.settings, self.report = settings, report.Report(self.config, settings)
+        reports = not hasattr(self.config, "workerinput") and not (launcher.active() and launcher.rank() != 0)
+        self.settings, self.report = settings, report.Report(self.config, settings, reports=reports)
 
     def start(self, backend: str, settings=None) -> None:
         """First use: what the ranks need from this process; each change is undone by :meth:`stop`."""
@@ -150,9 +151,26 @@ class Zero3Session:
             self.activate()
         if self.report is None:
             return
-        self.report.check_expectations(items)
+        self.report.mark_expected(items)
         markers.select_contracts(config, items)
         markers.collect_preloads(config, items)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """A listed contract's failure becomes a KnownFailure when its cause is the listed one (its
+        xfail mark expects that type), else a CauseMismatch: pytest then makes XFAIL or FAIL."""
+        listed = self.report.expectation(item) if self.report is not None else None
+        if listed is None:
+            return (yield)
+        try:
+            return (yield)
+        except BaseException as exc:
+            from pytest_zero3 import expectations
+
+            judged = expectations.judge(*listed, exc)
+            if judged is None:
+                raise
+            raise judged from exc
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -160,13 +178,6 @@ class Zero3Session:
         if self.report is not None:
             self.report.on_report(item, call, rep)
         return rep
-
-    def pytest_report_teststatus(self, report, config):
-        if getattr(report, "zero3", None):
-            from pytest_zero3 import report as report_mod
-
-            return report_mod.teststatus(report)
-        return None
 
     def pytest_runtest_logreport(self, report):
         if getattr(report, "zero3", None):  # also from an xdist worker: the controller collects nothing
