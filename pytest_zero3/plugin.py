@@ -151,9 +151,17 @@ class Zero3Session:
             self.activate()
         if self.report is None:
             return
-        self.report.mark_expected(items)
+        self.report.check_expectations(items)
         markers.select_contracts(config, items)
         markers.collect_preloads(config, items)
+
+    def pytest_collection_finish(self, session):
+        if self.report is not None:  # the tests that will run: after -k and --zero3-select deselected
+            self.report.mark_expected(session.items)
+
+    def pytest_runtest_teardown(self, item):
+        if self.report is not None:
+            self.report.strict_teardown(item)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -172,8 +180,9 @@ class Zero3Session:
                 raise
             raise judged from exc
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
+        """Read the outcome pytest made (outermost: after its xfail handling) into the report's row."""
         rep = yield
         if self.report is not None:
             self.report.on_report(item, call, rep)

@@ -82,6 +82,7 @@ class Report:
         self.rows = {}  # contract id -> row dict
         self.identity = {}
         self.write_errors = []  # one line per report file that could not be written at the end
+        self._pending = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
         if reports:
             for option, path in (("--zero3-report", settings.report), ("--zero3-report-md", settings.report_md)):
                 check_writable(option, path)
@@ -98,10 +99,8 @@ class Report:
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
         return lines
 
-    def mark_expected(self, items) -> None:
-        """Turn each listed contract into a pytest ``xfail`` (``--zero3-strict`` is its ``strict``).
-
-        ``raises=KnownFailure``: only a failure of the listed cause is one (see :meth:`judge`)."""
+    def check_expectations(self, items) -> None:
+        """Warn about listed IDs that name no contract (all collected items: before any deselection)."""
         # a registered contract that was deselected (-k, --zero3-select) is no mistake; an unknown ID is
         known = {c[0] for c in map(markers.contract, items) if c} | set(registry.load())
         for cid in sorted(set(self.expected) - known):
@@ -112,20 +111,52 @@ class Report:
                 ),
                 stacklevel=1,
             )
+
+    def mark_expected(self, items) -> None:
+        """Turn each listed contract's tests (the ones that will run) into pytest ``xfail``\\ s.
+
+        ``raises=KnownFailure``: only a failure of the listed cause is one (see
+        :func:`pytest_zero3.expectations.judge`).  ``--zero3-strict`` is pytest's ``strict`` for a
+        contract of one test.  A contract of several tests (parametrised) is listed as a whole: some of
+        its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
+        ``--zero3-strict`` its last test fails in teardown when every one of its tests passed
+        (see :meth:`strict_teardown`)."""
+        tests = {}
         for item in items:
             c = markers.contract(item)
-            if not c:
+            if c:
+                item.user_properties.append(("zero3_contract", c[0]))
+                tests.setdefault(c[0], []).append(item)
+        for cid, group in tests.items():
+            expected = self.expected.get(cid)
+            if expected is None:
                 continue
-            item.user_properties.append(("zero3_contract", c[0]))
-            expected = self.expected.get(c[0])
-            if expected is not None:
+            if len(group) > 1:
+                self._pending[cid] = {"left": len(group), "passed": 0, "total": len(group)}
+            for item in group:
                 item.add_marker(
                     pytest.mark.xfail(
-                        reason=f"known failure {c[0]}: {expected.reason}",
-                        strict=self.strict,
+                        reason=f"known failure {cid}: {expected.reason}",
+                        strict=self.strict and len(group) == 1,
                         raises=expectations.KnownFailure,
                     )
                 )
+
+    def strict_teardown(self, item) -> None:
+        """Under ``--zero3-strict``: fail the last test of a listed contract of several tests when all
+        of them passed (pytest makes it a teardown error).  Counts this process's tests: under
+        ``pytest -n`` it applies where one worker ran all of a contract's tests."""
+        c = markers.contract(item)
+        state = self._pending.get(c[0]) if c and self.strict else None
+        if state is None or state["left"] > 0:
+            return
+        del self._pending[c[0]]
+        if state["passed"] == state["total"]:
+            pytest.fail(
+                f"--zero3-strict: every test of contract {c[0]} passed, but --zero3-expect lists it as failing: "
+                "remove it from the expectations file.",
+                pytrace=False,
+            )
 
     def expectation(self, item):
         """``(contract id, Expectation)`` of a listed contract test, else None."""
@@ -140,6 +171,10 @@ class Report:
         cid, statement = c
         expected = self.expected.get(cid)
         status, reason, message = classify(call, rep, expected)
+        state = self._pending.get(cid)
+        if state is not None and rep.when == "call":
+            state["left"] -= 1
+            state["passed"] += status == Outcome.UNEXPECTED_PASS
         ranks = []
         for outcomes in item.stash.get(_OUTCOMES, []):
             ranks = [dict(rank=o.rank, status=o.status, message=o.message, traceback=o.traceback) for o in outcomes]

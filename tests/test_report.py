@@ -254,3 +254,28 @@ def test_a_second_leak_behind_a_listed_contract_fails_the_gate(run_suite):
     run = run_suite(f"{coordinator}:ClassLevelCacheCoordinator", *STOCK[1:])
     assert run.returncode == 1 and run.outcomes() == {"001-a": "fail"}, run.stdout[-3000:]
     assert "failed for another cause than --zero3-expect lists" in run.report["contracts"][0]["reason"]
+
+
+PARAMETRISED = """
+import pytest
+
+
+@pytest.mark.zero3_contract("900-a", "both cases hold")
+@pytest.mark.parametrize("case", ["first", "second"])
+def test_cases(case):
+    assert case not in {FAILING}, f"{case} does not hold"
+"""
+
+
+def test_strict_judges_a_contract_of_several_tests_as_a_whole(run_pytest, tmp_path):
+    """Why: 000-d on stock fails with prefetch on and passes with it off; the contract is listed as a
+    whole, so one passing case is no unexpected pass, while every case passing is (no worlds here)."""
+    expect = tmp_path / "expect.toml"
+    expect.write_text('[expected_failures]\n"900-a" = { reason = "first case", raises = "AssertionError" }\n')
+    for failing, code, outcome in (('"first"', 0, "known_failure"), ("", 1, "unexpected_pass")):
+        test = tmp_path / f"test_param_{code}.py"
+        test.write_text(PARAMETRISED.replace("{FAILING}", f"{{{failing}}}" if failing else "set()"))
+        run = run_pytest(str(test), f"--zero3-expect={expect}", "--zero3-strict")
+        assert run.returncode == code and run.outcomes() == {"900-a": outcome}, run.stdout
+    assert "every test of contract 900-a passed, but --zero3-expect lists it as failing" in run.stdout
+    assert "1 error" in run.stdout  # pytest's own: the last test's teardown
