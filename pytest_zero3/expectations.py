@@ -1,18 +1,28 @@
-"""The expectations file: contract IDs known to fail for one implementation, each with a reason.
+"""The expectations file: the contracts known to fail for one implementation, each with its reason and cause.
 
 TOML, comments allowed::
 
     # deepspeed 0.19.8
     [expected_failures]
-    "000-a" = "prefetch-skip retention keeps forward-gathered params until backward (PR 9003)"
+    "000-a" = { reason = "prefetch-skip retention (PR 9003)", match = "still gathered after .* released" }
+    "001-b" = { reason = "stale release sets (PR 8883)", raises = "AssertionError" }
+    "002-g" = "reason only: any failure of 002-g counts as this one"
 
-A listed failure does not fail the run; a listed contract that passes is an "unexpected pass"
-(an error under ``--zero3-strict``); an ID that matches no collected contract is a warning.
+A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression,
+searched in the failure's text as ``pytest.raises(match=...)`` does) and ``raises`` (an exception
+type's name: the test's own exception or the one a rank raised) pin the failure's cause: a listed
+contract that fails for another cause is a new failure.  The plain ``"ID" = "reason"`` form pins no
+cause and expects any failure; prefer the table form, or a second, different bug behind the same ID
+goes unseen.  A listed contract that passes is an "unexpected pass" (a failure under
+``--zero3-strict``, pytest's strict xfail); an ID that matches no collected contract is a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
+from typing import Optional
 
 import pytest
 
@@ -21,9 +31,51 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on older Pythons only
     import tomli as tomllib
 
+FORMS = (
+    'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
+    '(or raises = "ExceptionType"), or "000-a" = "reason" to expect any failure'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """Why one contract is known to fail, and which failure that is (no ``match``/``raises``: any)."""
+
+    reason: str
+    match: Optional[str] = None
+    raises: Optional[str] = None
+
+    @property
+    def cause(self) -> str:
+        """The expected cause in words, for messages and the report ("" when any failure is expected)."""
+        parts = []
+        if self.raises:
+            parts.append(f"raises {self.raises}")
+        if self.match:
+            parts.append(f"matches {self.match!r}")
+        return " and ".join(parts)
+
+    def matches(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the expected failure (checked like ``pytest.raises(..., match=...)``)."""
+        if self.raises and self.raises not in type_names(exc):
+            return False
+        return not self.match or re.search(self.match, str(exc)) is not None
+
+
+def type_names(exc: BaseException) -> set:
+    """Names ``raises`` may give for ``exc``: its classes (bare and qualified) and, for a failed world,
+    the exception types its ranks raised (a rank's message reads ``"Type: text"``)."""
+    names = set()
+    for cls in type(exc).__mro__:
+        names |= {cls.__name__, cls.__qualname__, f"{cls.__module__}.{cls.__qualname__}"}
+    for outcome in getattr(exc, "outcomes", None) or ():
+        if outcome.status == "raised" and outcome.message:
+            names.add(outcome.message.split(":", 1)[0].strip())
+    return names
+
 
 def load(path) -> dict:
-    """``{contract_id: reason}`` from ``path``; :class:`pytest.UsageError` if the file is unusable."""
+    """``{contract_id: Expectation}`` from ``path``; :class:`pytest.UsageError` if the file is unusable."""
     if path is None:
         return {}
     try:
@@ -32,16 +84,92 @@ def load(path) -> dict:
     except FileNotFoundError:
         raise pytest.UsageError(f"--zero3-expect={path}: no such file.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise pytest.UsageError(
-            f"--zero3-expect={path}: not valid TOML ({exc}). Write one line per contract "
-            'under [expected_failures]: "000-a" = "reason".'
-        ) from None
+        raise pytest.UsageError(f"--zero3-expect={path}: not valid TOML ({exc}). Write {FORMS}.") from None
     table = data.get("expected_failures")
     if not isinstance(table, dict):
+        raise pytest.UsageError(f"--zero3-expect={path}: needs an [expected_failures] table: {FORMS}.")
+    return {cid: _entry(path, cid, value) for cid, value in table.items()}
+
+
+def _entry(path, cid: str, value) -> Expectation:
+    if isinstance(value, str):
+        value = {"reason": value}
+    if not isinstance(value, dict):
+        raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} must be a reason string or a table: {FORMS}.")
+    unknown = sorted(set(value) - {"reason", "match", "raises"})
+    if unknown:
         raise pytest.UsageError(
-            f'--zero3-expect={path}: needs an [expected_failures] table of "contract-id" = "reason" lines.'
+            f"--zero3-expect={path}: {cid!r} has unknown keys {', '.join(unknown)}; it may give reason, match, raises."
         )
-    bad = [k for k, v in table.items() if not isinstance(v, str) or not v.strip()]
-    if bad:
-        raise pytest.UsageError(f"--zero3-expect={path}: give a non-empty reason string for {', '.join(bad)}.")
-    return dict(table)
+    reason = value.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise pytest.UsageError(f"--zero3-expect={path}: give {cid!r} a non-empty reason string.")
+    for key in ("match", "raises"):
+        if key in value and (not isinstance(value[key], str) or not value[key].strip()):
+            raise pytest.UsageError(f"--zero3-expect={path}: {cid!r}'s {key} must be a non-empty string.")
+    if "match" in value:
+        try:
+            re.compile(value["match"])
+        except re.error as exc:
+            raise pytest.UsageError(
+                f"--zero3-expect={path}: {cid!r}'s match {value['match']!r} is no regular expression ({exc})."
+            ) from None
+    return Expectation(reason, value.get("match"), value.get("raises"))
+
+
+class KnownFailure(pytest.fail.Exception):
+    """A listed contract failed for its listed cause; raised from that failure (``cause``), which
+    pytest shows above it.
+
+    The contract's ``xfail`` mark says ``raises=KnownFailure``, so pytest reports it XFAIL; under
+    ``--runxfail`` it is a failure, shown with the original one.
+    """
+
+    def __init__(self, cid: str, expectation: Expectation, cause: BaseException):
+        listed = f" ({expectation.cause})" if expectation.cause else " (any failure)"
+        super().__init__(
+            f"known failure {cid}: {expectation.reason}\nthe failure above is the one --zero3-expect lists{listed}",
+            pytrace=False,
+        )
+        self.cause = cause
+
+
+class CauseMismatch(pytest.fail.Exception):
+    """A listed contract failed, but not for its listed cause: a new failure, raised from it (``cause``)."""
+
+    def __init__(self, cid: str, expectation: Expectation, cause: BaseException):
+        super().__init__(
+            f"{cid} is listed in --zero3-expect as failing because it {expectation.cause} ({expectation.reason}), "
+            f"but it failed for another cause (above): {headline(cause)}",
+            pytrace=False,
+        )
+        self.cause = cause
+
+
+#: What is no failure of the contract: pytest's own skip/xfail/exit, an interrupt, a world that never formed.
+def passes_through(exc: BaseException) -> bool:
+    from pytest_zero3 import world
+
+    through = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt, SystemExit)
+    return isinstance(exc, through + _as_tuple(getattr(world, "WorldNotFormed", ())))
+
+
+def judge(cid: str, expectation: Expectation, exc: BaseException) -> Optional[BaseException]:
+    """What a listed contract's failure ``exc`` becomes: :class:`KnownFailure` for the listed cause,
+    :class:`CauseMismatch` for another, None for what is no failure (see :func:`passes_through`)."""
+    if passes_through(exc):
+        return None
+    return (KnownFailure if expectation.matches(exc) else CauseMismatch)(cid, expectation, exc)
+
+
+def headline(exc: BaseException) -> str:
+    """One line naming the failure: a failed world's first real failure, else the exception's first line."""
+    from pytest_zero3.outcome import first_failure
+
+    if getattr(exc, "outcomes", None):
+        return first_failure(exc.outcomes)
+    return (pytest.ExceptionInfo.from_exception(exc).exconly().splitlines() or [""])[0]
+
+
+def _as_tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)

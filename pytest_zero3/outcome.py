@@ -14,13 +14,15 @@ from typing import Any, List, Optional
 
 
 class Outcome(str, enum.Enum):
-    """A contract's verdict in the report.  The values are the report's stable JSON words."""
+    """A contract's verdict in the report, read from the outcome pytest made.  The values are the
+    report's stable JSON words."""
 
     PASS = "pass"
     FAIL = "fail"
-    KNOWN_FAILURE = "known_failure"  # failed, and --zero3-expect lists it
-    UNEXPECTED_PASS = "unexpected_pass"  # passed, but --zero3-expect lists it as failing
-    UNSUPPORTED = "unsupported"  # the implementation lacks a feature the contract needs
+    KNOWN_FAILURE = "known_failure"  # pytest's xfail: failed for the cause --zero3-expect lists
+    UNEXPECTED_PASS = "unexpected_pass"  # pytest's xpass: passed, but --zero3-expect lists it as failing
+    UNSUPPORTED = "unsupported"  # a skip raised as scenario.Unsupported: the implementation lacks a feature
+    WORLD_ERROR = "world_error"  # the world did not form: no verdict on the contract, counted apart from FAIL
     SKIPPED = "skipped"
     NOT_RUN = "not_run"  # registered, selected, but no test of it ran (deselected by -k, interrupted)
 
@@ -32,12 +34,14 @@ class Outcome(str, enum.Enum):
             "known_failure": "known failure",
             "unexpected_pass": "unexpected pass",
             "not_run": "not run",
+            "world_error": "world error",
         }.get(self.value, self.value)
 
 
 #: Worst first: a contract row shows its worst test.
 SEVERITY = (
     Outcome.FAIL,
+    Outcome.WORLD_ERROR,
     Outcome.KNOWN_FAILURE,
     Outcome.UNEXPECTED_PASS,
     Outcome.UNSUPPORTED,

@@ -75,7 +75,8 @@ class Zero3Session:
                 impl.load_class(settings.spec)
             except impl.SpecError as exc:
                 raise pytest.UsageError(str(exc)) from None
-        self.settings, self.report = settings, report.Report(self.config, settings)
+        reports = not hasattr(self.config, "workerinput") and not (launcher.active() and launcher.rank() != 0)
+        self.settings, self.report = settings, report.Report(self.config, settings, reports=reports)
 
     def start(self, backend: str, settings=None) -> None:
         """First use: what the ranks need from this process; each change is undone by :meth:`stop`."""
@@ -156,19 +157,38 @@ class Zero3Session:
         markers.select_contracts(config, items)
         markers.collect_preloads(config, items)
 
+    def pytest_collection_finish(self, session):
+        if self.report is not None:  # the tests that will run: after -k and --zero3-select deselected
+            self.report.mark_expected(session.items)
+
+    def pytest_runtest_teardown(self, item):
+        if self.report is not None:
+            self.report.strict_teardown(item)
+
     @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """A listed contract's failure becomes a KnownFailure when its cause is the listed one (its
+        xfail mark expects that type), else a CauseMismatch: pytest then makes XFAIL or FAIL."""
+        listed = self.report.expectation(item) if self.report is not None else None
+        if listed is None:
+            return (yield)
+        try:
+            return (yield)
+        except BaseException as exc:
+            from pytest_zero3 import expectations
+
+            judged = expectations.judge(*listed, exc)
+            if judged is None:
+                raise
+            raise judged from exc
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
+        """Read the outcome pytest made (outermost: after its xfail handling) into the report's row."""
         rep = yield
         if self.report is not None:
             self.report.on_report(item, call, rep)
         return rep
-
-    def pytest_report_teststatus(self, report, config):
-        if getattr(report, "zero3", None):
-            from pytest_zero3 import report as report_mod
-
-            return report_mod.teststatus(report)
-        return None
 
     def pytest_runtest_logreport(self, report):
         if getattr(report, "zero3", None):  # also from an xdist worker: the controller collects nothing

@@ -117,12 +117,12 @@ def ending(rank: int, exc: BaseException) -> RankOutcome:
     import _pytest.outcomes as pytest_outcomes
     from pytest_zero3.scenario import Unsupported
 
+    if isinstance(exc, Unsupported):  # first: it is a kind of skip
+        return RankOutcome(rank, UNSUPPORTED, message=str(exc))
     if isinstance(exc, pytest_outcomes.Skipped):
         return RankOutcome(rank, SKIPPED, message=str(exc.msg))
     if isinstance(exc, pytest_outcomes.XFailed):
         return RankOutcome(rank, XFAILED, message=str(exc.msg))
-    if isinstance(exc, Unsupported):
-        return RankOutcome(rank, UNSUPPORTED, message=str(exc))
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None))
     if isinstance(exc, Timeout):
         return RankOutcome(rank, HUNG, message=str(exc), traceback=tb)

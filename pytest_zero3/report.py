@@ -5,38 +5,51 @@ Rows are built from test reports (``pytest_runtest_logreport``), so the table is
 and whichever process prints the summary aggregates them.  Registered contracts (see
 :mod:`pytest_zero3.registry`) that were selected but did not run get a ``not_run`` row.
 
-JSON schema (``schema: "pytest-zero3/report"``, ``version: 2``)::
+Outcomes are pytest's own, read, never rewritten: a contract listed in ``--zero3-expect`` carries an
+``xfail`` mark (``known_failure`` is its XFAIL, ``unexpected_pass`` its XPASS), ``unsupported`` is a
+skip raised as :class:`~pytest_zero3.scenario.Unsupported`, ``world_error`` a world that did not form
+(counted apart from contract failures).  So ``--runxfail``, junitxml and other plugins see the same.
 
-    {"schema": "pytest-zero3/report", "version": 2,
+JSON (``schema: "pytest-zero3/report"``, ``version: 3``), specified by ``report.schema.json`` next to
+this module::
+
+    {"schema": "pytest-zero3/report", "version": 3,
      "implementation": {"spec", "impl", "deepspeed", "deepspeed_path", "coordinator", "torch",
                         "backend", "world_size"},
-     "summary": {"pass": n, "fail": n, "known_failure": n, "unexpected_pass": n, "unsupported": n,
-                 "skipped": n, "not_run": n, "total": n},
-     "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "message", "duration",
-                    "tests": [nodeid], "ranks": [{"rank", "status", "message", "traceback"}]}]}
+     "summary": {"pass": n, "fail": n, "world_error": n, "known_failure": n, "unexpected_pass": n,
+                 "unsupported": n, "skipped": n, "not_run": n, "total": n},
+     "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "message",
+                    "expected_cause", "duration", "tests": [nodeid],
+                    "ranks": [{"rank", "status", "message", "traceback"}]}]}
 
 ``reason`` is the expectation's reason for a known failure; ``message`` is the failure itself (fail
-and known_failure), so a report made with an expectations file still shows what failed.
+and known_failure), so a report made with an expectations file still shows what failed;
+``expected_cause`` is the cause the expectations file pins ("" when none).
 
-``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words);
-version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
+``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
+Version 3 added ``world_error`` and ``expected_cause``; version 2 had neither; version 1 used "FAIL",
+"known failure" and "unexpected pass" and had no "not_run" or "source".
 """
 
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
 
-from pytest_zero3 import expectations, impl, launcher, markers, registry
-from pytest_zero3.outcome import SEVERITY, Outcome
+from pytest_zero3 import expectations, impl, markers, registry
+from pytest_zero3.outcome import SEVERITY, Outcome, first_failure
 
-SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 2
+SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 3
+#: The JSON Schema of the report (shipped with the package; scripts/render_matrix.py validates against it).
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
 #: The terminal's and the summary's order.
 SHOWN = (
     Outcome.PASS,
     Outcome.FAIL,
+    Outcome.WORLD_ERROR,
     Outcome.KNOWN_FAILURE,
     Outcome.UNEXPECTED_PASS,
     Outcome.UNSUPPORTED,
@@ -45,6 +58,7 @@ SHOWN = (
 )
 _COLOURS = {
     Outcome.FAIL: {"red": True, "bold": True},
+    Outcome.WORLD_ERROR: {"red": True},
     Outcome.UNEXPECTED_PASS: {"yellow": True},
     Outcome.KNOWN_FAILURE: {"yellow": True},
     Outcome.UNSUPPORTED: {"cyan": True},
@@ -58,12 +72,20 @@ _OUTCOMES = pytest.StashKey()
 class Report:
     """The rows of one session, and what prints and writes them."""
 
-    def __init__(self, config, settings):
-        self.config, self.settings = config, settings
+    def __init__(self, config, settings, reports: bool = True):
+        """``reports``: whether this process prints the table and writes the files (the session
+        decides: not an xdist worker, not a launcher rank other than 0).  Its report paths are
+        checked here, before any world starts."""
+        self.config, self.settings, self.reports = config, settings, reports
         self.expected = expectations.load(settings.expect)
         self.strict = settings.strict
         self.rows = {}  # contract id -> row dict
         self.identity = {}
+        self.write_errors = []  # one line per report file that could not be written at the end
+        self._pending = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
+        if reports:
+            for option, path in (("--zero3-report", settings.report), ("--zero3-report-md", settings.report_md)):
+                check_writable(option, path)
 
     def header_lines(self) -> list:
         settings = self.settings
@@ -78,6 +100,7 @@ class Report:
         return lines
 
     def check_expectations(self, items) -> None:
+        """Warn about listed IDs that name no contract (all collected items: before any deselection)."""
         # a registered contract that was deselected (-k, --zero3-select) is no mistake; an unknown ID is
         known = {c[0] for c in map(markers.contract, items) if c} | set(registry.load())
         for cid in sorted(set(self.expected) - known):
@@ -88,56 +111,84 @@ class Report:
                 ),
                 stacklevel=1,
             )
+
+    def mark_expected(self, items) -> None:
+        """Turn each listed contract's tests (the ones that will run) into pytest ``xfail``\\ s.
+
+        ``raises=KnownFailure``: only a failure of the listed cause is one (see
+        :func:`pytest_zero3.expectations.judge`).  ``--zero3-strict`` is pytest's ``strict`` for a
+        contract of one test.  A contract of several tests (parametrised) is listed as a whole: some of
+        its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
+        ``--zero3-strict`` its last test fails in teardown when every one of its tests passed
+        (see :meth:`strict_teardown`)."""
+        tests = {}
         for item in items:
             c = markers.contract(item)
             if c:
                 item.user_properties.append(("zero3_contract", c[0]))
+                tests.setdefault(c[0], []).append(item)
+        for cid, group in tests.items():
+            expected = self.expected.get(cid)
+            if expected is None:
+                continue
+            if len(group) > 1:
+                self._pending[cid] = {"left": len(group), "passed": 0, "total": len(group)}
+            for item in group:
+                item.add_marker(
+                    pytest.mark.xfail(
+                        reason=f"known failure {cid}: {expected.reason}",
+                        strict=self.strict and len(group) == 1,
+                        raises=expectations.KnownFailure,
+                    )
+                )
+
+    def strict_teardown(self, item) -> None:
+        """Under ``--zero3-strict``: fail the last test of a listed contract of several tests when all
+        of them passed (pytest makes it a teardown error).  Counts this process's tests: under
+        ``pytest -n`` it applies where one worker ran all of a contract's tests."""
+        c = markers.contract(item)
+        state = self._pending.get(c[0]) if c and self.strict else None
+        if state is None or state["left"] > 0:
+            return
+        del self._pending[c[0]]
+        if state["passed"] == state["total"]:
+            pytest.fail(
+                f"--zero3-strict: every test of contract {c[0]} passed, but --zero3-expect lists it as failing: "
+                "remove it from the expectations file.",
+                pytrace=False,
+            )
+
+    def expectation(self, item):
+        """``(contract id, Expectation)`` of a listed contract test, else None."""
+        c = markers.contract(item)
+        return (c[0], self.expected[c[0]]) if c and c[0] in self.expected else None
 
     def on_report(self, item, call, rep) -> None:
-        """Show world failures as their per-rank text; classify contract tests' results."""
-        from pytest_zero3.outcome import first_failure
-        from pytest_zero3.scenario import Unsupported
-        from pytest_zero3.world import WorldFailure
-
-        if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(WorldFailure):
-            rep.longrepr = str(call.excinfo.value)
+        """Read a contract test's outcome, as pytest made it, into the small ``zero3`` dict of its report."""
         c = markers.contract(item)
         if c is None or not (rep.when == "call" or (rep.when == "setup" and not rep.passed)):
             return
         cid, statement = c
-        reason = message = ""
-        if rep.failed and call.excinfo is not None:  # the failure itself, kept for a known failure too
-            if call.excinfo.errisinstance(WorldFailure):
-                message = first_failure(call.excinfo.value.outcomes)
-            else:
-                message = call.excinfo.exconly()[:4000]  # an assertion's detail lines are the evidence
-        if call.excinfo is not None and call.excinfo.errisinstance(Unsupported):
-            status, reason = Outcome.UNSUPPORTED, str(call.excinfo.value)
-            rep.outcome, rep.longrepr = "skipped", (str(item.path), item.location[1] or 0, f"unsupported: {reason}")
-        elif rep.skipped and not hasattr(rep, "wasxfail"):
-            status, reason = Outcome.SKIPPED, rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
-        elif rep.failed and cid in self.expected:
-            status, reason = Outcome.KNOWN_FAILURE, self.expected[cid]
-            rep.outcome, rep.wasxfail = "skipped", f"known failure {cid}: {reason}"
-        elif rep.failed:
-            status, reason = Outcome.FAIL, (message.splitlines() or [""])[0]
-        elif cid in self.expected:  # judged per contract at the end
-            status, reason = Outcome.UNEXPECTED_PASS, f"listed in --zero3-expect: {self.expected[cid]}"
-        else:
-            status = Outcome.PASS
+        expected = self.expected.get(cid)
+        status, reason, message = classify(call, rep, expected)
+        state = self._pending.get(cid)
+        if state is not None and rep.when == "call":
+            state["left"] -= 1
+            state["passed"] += status == Outcome.UNEXPECTED_PASS
         ranks = []
         for outcomes in item.stash.get(_OUTCOMES, []):
             ranks = [dict(rank=o.rank, status=o.status, message=o.message, traceback=o.traceback) for o in outcomes]
             if any(o.status != "passed" for o in outcomes):
                 break
         identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
-        failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE)
+        failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.WORLD_ERROR)
         rep.zero3 = dict(
             id=cid,
             statement=statement,
             status=status.value,
             reason=reason,
             message=message if failed else "",
+            expected_cause=expected.cause if expected else "",
             ranks=ranks if failed else [],
             identity=identity,
         )
@@ -154,7 +205,13 @@ class Report:
         row["duration"] += rep.duration
         row["tests"].append(rep.nodeid)
         if SEVERITY.index(status) < SEVERITY.index(Outcome(row["outcome"])) or len(row["tests"]) == 1:
-            row.update(outcome=status.value, reason=data["reason"], message=data["message"], ranks=data["ranks"])
+            row.update(
+                outcome=status.value,
+                reason=data["reason"],
+                message=data["message"],
+                expected_cause=data.get("expected_cause", ""),
+                ranks=data["ranks"],
+            )
 
     def all_rows(self) -> list:
         """The rows in ID order, with a ``not_run`` row for each registered, selected contract that
@@ -182,8 +239,14 @@ class Report:
         return info
 
     def terminal_summary(self, tr) -> None:
-        if not self.rows or (launcher.active() and launcher.rank() != 0):
+        if not self.reports:
             return
+        if self.rows:
+            self._table(tr)
+        for line in self.write_errors:  # after the table and its summary: the results are on screen
+            tr.write_line(line, red=True, bold=True)
+
+    def _table(self, tr) -> None:
         rows = self.all_rows()
         info = self.implementation()
         tr.write_sep("=", "ZeRO-3 conformance")
@@ -229,12 +292,8 @@ class Report:
         return sorted(cid for cid, row in self.rows.items() if row["outcome"] == Outcome.UNEXPECTED_PASS.value)
 
     def session_finish(self, session) -> None:
-        config = session.config
-        if hasattr(config, "workerinput"):
-            return
-        if self.strict and self.unexpected_passes() and session.exitstatus == 0:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if launcher.active() and launcher.rank() != 0:
+        """Write the JSON and Markdown reports; a failed write is told after the table, not raised."""
+        if not self.reports:
             return
         rows = self.all_rows() if self.rows else []
         doc = dict(
@@ -244,14 +303,78 @@ class Report:
             summary=summary(rows),
             contracts=rows,
         )
-        path = self.settings.report
-        if path:
-            with open(path, "w") as fh:
-                json.dump(doc, fh, indent=2)
-        md = self.settings.report_md
-        if md:
-            with open(md, "w") as fh:
-                fh.write(markdown(doc))
+        for option, path, render in (
+            ("--zero3-report", self.settings.report, lambda: json.dumps(doc, indent=2)),
+            ("--zero3-report-md", self.settings.report_md, lambda: markdown(doc)),
+        ):
+            if not path:
+                continue
+            try:
+                with open(path, "w") as fh:
+                    fh.write(render())
+            except OSError as exc:
+                self.write_errors.append(
+                    f"{option}={path}: the report could not be written ({exc.strerror or exc}); "
+                    "the results above are all this run kept."
+                )
+
+
+def check_writable(option: str, path) -> None:
+    """Create ``path``'s parent directories and make sure the file can be written; else a usage error."""
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        existed = os.path.exists(path)
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"{option}={path}: cannot write there ({exc.strerror or exc}); give a writable path."
+        ) from None
+
+
+def classify(call, rep, expected):
+    """``(Outcome, reason, message)`` of one contract test report, read from what pytest made of it.
+
+    ``message`` is the failure itself (kept for a known failure too: the report still shows what failed).
+    """
+    from pytest_zero3 import world
+    from pytest_zero3.scenario import Unsupported
+
+    exc = call.excinfo.value if call.excinfo is not None else None
+    cause = exc.cause if isinstance(exc, (expectations.KnownFailure, expectations.CauseMismatch)) else exc
+    message = ""
+    if cause is not None and not isinstance(cause, (pytest.skip.Exception, pytest.xfail.Exception)):
+        if isinstance(cause, world.WorldFailure):
+            message = first_failure(cause.outcomes) if cause.outcomes else str(cause).strip()
+        else:
+            message = pytest.ExceptionInfo.from_exception(cause).exconly()[:4000]  # assertion detail is evidence
+    first = (message.splitlines() or [""])[0]
+    if cause is not None and isinstance(cause, getattr(world, "WorldNotFormed", ())):
+        return Outcome.WORLD_ERROR, first, message
+    if rep.skipped and hasattr(rep, "wasxfail"):
+        if expected is not None:
+            return Outcome.KNOWN_FAILURE, expected.reason, message
+        return Outcome.SKIPPED, rep.wasxfail, message  # the test's own pytest.xfail()
+    if rep.skipped and isinstance(exc, Unsupported):
+        return Outcome.UNSUPPORTED, str(exc.msg), message
+    if rep.skipped:
+        return Outcome.SKIPPED, rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr), message
+    if expected is not None and (hasattr(rep, "wasxfail") or (rep.failed and exc is None)):
+        # passed although listed: pytest's xpass, a failure (strict xpass) under --zero3-strict
+        return Outcome.UNEXPECTED_PASS, f"listed in --zero3-expect: {expected.reason}", message
+    if isinstance(exc, expectations.CauseMismatch):
+        return (
+            Outcome.FAIL,
+            f"failed for another cause than --zero3-expect lists (expected: it {expected.cause}; got: {first})",
+            message,
+        )
+    if rep.failed:
+        return Outcome.FAIL, first, message
+    return Outcome.PASS, "", message
 
 
 #: Up to this many not-run contracts get a row each in the terminal summary; more share one line.
@@ -268,6 +391,7 @@ def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: st
         outcome=outcome,
         reason=reason,
         message="",
+        expected_cause="",
         duration=0.0,
         tests=[],
         ranks=[],
@@ -281,13 +405,6 @@ def recorder(item):
         item.stash.setdefault(_OUTCOMES, []).append(outcomes)
 
     return record
-
-
-def teststatus(rep):
-    data = getattr(rep, "zero3", None)
-    if data and data["status"] == Outcome.UNSUPPORTED.value and rep.when == "call":
-        return "skipped", "u", "UNSUPPORTED"
-    return None
 
 
 def summary(rows) -> dict:

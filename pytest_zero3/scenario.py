@@ -9,7 +9,7 @@ initialised before they start); this module adds the few things every scenario n
   reported on every rank as that check instead of leaving the others waiting in a collective;
 * :func:`require_ranks`: declares a contract that needs several ranks unsupported on a smaller world;
 * :func:`unsupported`: declares that the implementation under test lacks a feature the contract
-  needs (reported as ``unsupported`` with the reason, never as a silent skip);
+  needs (pytest shows a skip with the reason; the conformance report says ``unsupported``);
 * ``pytest.skip(reason)`` works as usual and is reported as a skip when every rank skips.
 """
 
@@ -18,9 +18,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 
-class Unsupported(Exception):
-    """The implementation under test does not offer what the contract needs."""
+
+class Unsupported(pytest.skip.Exception):
+    """The implementation under test does not offer what the contract needs.
+
+    A kind of skip, so pytest reports it as one (SKIPPED with the reason, skipped in junitxml); the
+    conformance report reads the type and shows ``unsupported``.  Only for a missing feature: a
+    broken precondition is a failure that names the precondition and the contract that judges it.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(msg=reason, pytrace=False, _use_item_location=True)  # the test, not the harness
+
+    def __reduce__(self):  # pickles by its reason alone (Skipped's own state has keyword-only args)
+        return (type(self), (self.msg,))
 
 
 def rank() -> int:

@@ -1,7 +1,8 @@
 """Render the release matrix (contracts x DeepSpeed releases) from the suite's JSON reports.
 
 Used by ``scripts/release-matrix.sh``; reads ``deepspeed-X.Y.Z.json`` (the report, schema
-``pytest-zero3/report``; version 1 reports are read with version 2's outcome words) and ``deepspeed-X.Y.Z.status.json`` (torch used, exit status, or why
+``pytest-zero3/report``: version 3 is validated against ``pytest_zero3/report.schema.json``; versions
+1 and 2 are read as they are, version 1 with the later outcome words) and ``deepspeed-X.Y.Z.status.json`` (torch used, exit status, or why
 the release could not run) from ``--reports``. Writes the table into the README between the
 ``release-matrix`` markers and the failure messages into ``docs/release-matrix.md``, so that every
 FAIL in the table is one click from its message. Generated, never hand-edited: re-run the script.
@@ -25,7 +26,11 @@ SHOWN = {
     "unsupported": "unsupported",
     "skipped": "skipped",
     "not_run": "not run",
+    "world_error": "world error",  # the world did not form: no verdict on the contract
 }
+#: Shown with a link to the message in docs/release-matrix.md.
+LINKED = ("FAIL", "unsupported", "world error")
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "pytest_zero3", "report.schema.json")
 # Report schema 1 wrote these outcome words; schema 2 writes stable lowercase ones.
 V1_WORDS = {"FAIL": "fail", "known failure": "known_failure", "unexpected pass": "unexpected_pass"}
 
@@ -46,11 +51,73 @@ def load(reports, release):
     report = None if status.get("error") else read(f"deepspeed-{release}.json")
     if report is None and not status.get("error"):
         status["error"] = "no report"
+    if report is not None and report.get("version", 1) >= 3:
+        problems = validate(report, schema())
+        if problems:
+            status["error"] = f"report does not match its schema ({problems[0]})"
+            report = None
     if report is not None and report.get("version", 1) == 1:
         for c in report["contracts"]:
             c["outcome"] = V1_WORDS.get(c["outcome"], c["outcome"])
         report["summary"] = {V1_WORDS.get(k, k): n for k, n in report["summary"].items()}
     return status, report
+
+
+def schema():
+    """The report's JSON Schema: the one shipped next to the plugin in this checkout, else the installed one's."""
+    path = SCHEMA_FILE
+    if not os.path.exists(path):
+        from pytest_zero3 import report
+
+        path = report.SCHEMA_FILE
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def validate(doc, spec) -> list:
+    """Where ``doc`` breaks the JSON Schema ``spec`` (empty: it conforms).  jsonschema when installed;
+    else a small check of the keywords report.schema.json uses (type, const, enum, required,
+    properties, items, additionalProperties, minimum)."""
+    try:
+        import jsonschema
+    except ImportError:
+        return _check(doc, spec, "$")
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '$'}: {e.message}"
+        for e in jsonschema.Draft202012Validator(spec).iter_errors(doc)
+    ]
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "null": type(None)}
+
+
+def _check(value, spec, where) -> list:
+    types = spec.get("type")
+    if types is not None:
+        names = types if isinstance(types, list) else [types]
+        ok = any(
+            isinstance(value, _TYPES[n]) and not (n in ("integer", "number") and isinstance(value, bool)) for n in names
+        )
+        if not ok:
+            return [f"{where}: {value!r} is not of type {types}"]
+    if "const" in spec and value != spec["const"]:
+        return [f"{where}: {value!r} is not {spec['const']!r}"]
+    if "enum" in spec and value not in spec["enum"]:
+        return [f"{where}: {value!r} is not one of {spec['enum']}"]
+    if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:
+        return [f"{where}: {value!r} is less than {spec['minimum']}"]
+    problems = []
+    if isinstance(value, dict):
+        problems += [f"{where}: {k!r} is a required property" for k in spec.get("required", ()) if k not in value]
+        props = spec.get("properties", {})
+        for k, v in value.items():
+            sub = props.get(k, spec.get("additionalProperties"))
+            if isinstance(sub, dict):
+                problems += _check(v, sub, f"{where}/{k}")
+    if isinstance(value, list) and isinstance(spec.get("items"), dict):
+        for i, v in enumerate(value):
+            problems += _check(v, spec["items"], f"{where}/{i}")
+    return problems
 
 
 def anchor(release, cid):
@@ -109,7 +176,7 @@ def render(releases, reports, statuses, link_base):
                 cells.append("absent")
                 continue
             shown = SHOWN.get(row["outcome"], row["outcome"])
-            if shown in ("FAIL", "unsupported"):
+            if shown in LINKED:
                 shown = f"[{shown}]({link_base}#{anchor(v, cid)})"
             cells.append(shown)
         ch = changes(releases, reports, cid)
@@ -161,12 +228,13 @@ def details(releases, reports, statuses):
         ]
         for c in reports[v]["contracts"]:
             shown = SHOWN.get(c["outcome"], c["outcome"])
-            if shown not in ("FAIL", "unsupported"):
+            if shown not in LINKED:
                 continue
             out.append(f'<a id="{anchor(v, c["id"])}"></a>**{v} · `{c["id"]}` {shown}**: {c["statement"]}')
             out.append("")
             if c["outcome"] == "known_failure":
-                out += [f"Known failure: {c['reason']}", ""]
+                pinned = f" (expected cause: it {c['expected_cause']})" if c.get("expected_cause") else ""
+                out += [f"Known failure: {c['reason']}{pinned}", ""]
                 msg = c.get("message", "")
             elif c["outcome"] == "unsupported":
                 msg = c.get("reason", "")

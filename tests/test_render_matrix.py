@@ -94,3 +94,68 @@ def test_readme_without_markers_names_the_fix(render, tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="release-matrix:start"):
         render.main(["0.19.2", "--reports", str(tmp_path), "--readme", str(readme)])
+
+
+def _v3(version, outcomes):
+    """A version-3 report, as pytest_zero3/report.py writes it."""
+    doc = _report(version, {})
+    words = {"FAIL": "fail", "known failure": "known_failure"}
+    doc["version"] = 3
+    doc["implementation"].update(spec="installed", impl="installed deepspeed")
+    doc["contracts"] = [
+        dict(
+            id=cid,
+            family=cid.split("-")[0],
+            statement=f"statement of {cid}",
+            source="",
+            outcome=words.get(out, out),
+            reason="listed reason" if out == "known failure" else "",
+            message=f"AssertionError: {cid} on {version}" if out in ("FAIL", "known failure") else "",
+            expected_cause="matches 'on 0'" if out == "known failure" else "",
+            duration=0.1,
+            tests=[],
+            ranks=[],
+        )
+        for cid, out in outcomes.items()
+    ]
+    keys = ("pass", "fail", "world_error", "known_failure", "unexpected_pass", "unsupported", "skipped", "not_run")
+    doc["summary"] = {k: sum(c["outcome"] == k for c in doc["contracts"]) for k in keys}
+    doc["summary"]["total"] = len(doc["contracts"])
+    return doc
+
+
+@pytest.mark.parametrize("jsonschema", [True, False], ids=["jsonschema", "own-validator"])
+def test_version_3_is_validated_against_the_shipped_schema(render, tmp_path, monkeypatch, jsonschema):
+    """Why: the schema file is the report's contract; a v3 report that breaks it must not be rendered
+    as if it were right, with jsonschema installed or not."""
+    if not jsonschema:
+        monkeypatch.setitem(__import__("sys").modules, "jsonschema", None)  # import fails: the fallback runs
+    good = _v3("0.19.8", {"001-a": "known failure", "003-a": "unsupported", "base-a": "pass"})
+    assert render.validate(good, render.schema()) == []
+    bad = json.loads(json.dumps(good))
+    bad["contracts"][0]["outcome"] = "flaky"
+    del bad["summary"]["world_error"]
+    problems = render.validate(bad, render.schema())
+    assert any("flaky" in p for p in problems) and any("world_error" in p for p in problems), problems
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for v, doc in {"0.19.8": good, "0.19.9": bad}.items():
+        (reports / f"deepspeed-{v}.json").write_text(json.dumps(doc))
+        (reports / f"deepspeed-{v}.status.json").write_text(json.dumps(dict(exit="0", expectations="x.toml")))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- release-matrix:start -->\n<!-- release-matrix:end -->\n")
+    render.main(["0.19.8", "0.19.9", "--reports", str(reports), "--readme", str(readme)])
+    text = readme.read_text()
+    assert "[FAIL](docs/release-matrix.md#ds-0-19-8-001-a)" in text
+    assert "0.19.9**<br>not run: report does not match its schema" in text
+    details = (tmp_path / "docs" / "release-matrix.md").read_text()
+    assert "Known failure: listed reason (expected cause: it matches 'on 0')" in details
+
+
+def test_the_plugin_writes_what_the_schema_says(render):
+    """The renderer's schema file is the one the plugin ships and names (one place)."""
+    from pytest_zero3 import report
+
+    assert report.SCHEMA_VERSION == render.schema()["properties"]["version"]["const"] == 3
+    assert pathlib.Path(report.SCHEMA_FILE).resolve() == pathlib.Path(render.SCHEMA_FILE).resolve()
