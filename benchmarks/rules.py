@@ -2,14 +2,13 @@
 
 Prints, for the anchors plus the default (or ``--examples``) generated examples, the mean and the
 spread of the per-example wall time on each rank, the judging time (pure Python, parent side), and
-how many examples the default budget runs.  ``--spec JSON`` replays one example (a reproducer's
-``spec:`` line) and prints its violations.
+how many examples the default budget runs, with each example's violations.  (A failing example is
+replayed by the suite itself: ``pytest --zero3-replay=...``, as its failure prints.)
 
-    DS_ACCELERATOR=cpu python benchmarks/rules.py [--impl reference|installed] [--examples N] [--spec JSON]
+    DS_ACCELERATOR=cpu python benchmarks/rules.py [--impl reference|installed] [--examples N] [--seed S]
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -65,16 +64,12 @@ def main():
     parser.add_argument("--world", type=int, default=2, help="world size of the anchors (each example has its own)")
     parser.add_argument("--examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--spec", default=None, help="replay one example (JSON of the reproducer's spec line)")
     args = parser.parse_args()
-    from pytest_zero3.conformance import test_rule_oracle as t
+    from pytest_zero3.fixtures import rule_batch as rb
 
-    if args.spec:
-        specs = [json.loads(args.spec)]
-    else:
-        n = t.DEFAULT_EXAMPLES if args.examples is None else args.examples
-        specs = t.ANCHORS + t.draw_examples(n, args.seed)
-    print(f"default budget: {len(t.ANCHORS)} anchors + {t.DEFAULT_EXAMPLES} generated examples")
+    n = rb.DEFAULT_EXAMPLES if args.examples is None else args.examples
+    specs = rb.ANCHORS + rb.draw_examples(n, args.seed)
+    print(f"default budget: {len(rb.ANCHORS)} anchors + {rb.DEFAULT_EXAMPLES} generated examples")
     groups = {}  # an example runs at its own drawn world size; the anchors at --world
     for spec in specs:
         groups.setdefault(spec.get("ranks") or args.world, []).append(spec)

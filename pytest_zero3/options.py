@@ -117,6 +117,13 @@ def add_options(parser) -> None:
         metavar="N",
         help="Worlds the rule family may start to shrink a failing example (0: report it unshrunk).",
     )
+    group.addoption(
+        "--zero3-replay",
+        default=None,
+        metavar="FILE|JSON",
+        help="Run the rule family on these examples only: the file a failing rule test saved "
+        "(its failure prints the command), or an example's JSON.",
+    )
 
 
 @dataclasses.dataclass
@@ -136,6 +143,7 @@ class Settings:
     examples: Optional[int] = None  # rule family: generated examples (None: its default)
     seed: Optional[int] = None  # rule family: seed (None: derandomised)
     shrink: int = 6  # rule family: worlds a shrink may start
+    replay: Optional[tuple] = None  # rule family: the examples to run instead of anchors + drawn ones
     resolved_backend: str = ""  # set when the first world starts
 
 
@@ -179,7 +187,20 @@ def settings_from(config) -> Settings:
         examples=opt("--zero3-examples"),
         seed=opt("--zero3-seed"),
         shrink=opt("--zero3-shrink"),
+        replay=_replay(opt("--zero3-replay")),
     )
+
+
+def _replay(value: Optional[str]) -> Optional[tuple]:
+    """The examples of ``--zero3-replay`` (checked here: a bad one is a usage error before any world)."""
+    if value is None:
+        return None
+    from pytest_zero3.fixtures import rule_batch
+
+    try:
+        return rule_batch.load_replay(value)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--zero3-replay: {exc}") from None
 
 
 def settings(config) -> Settings:

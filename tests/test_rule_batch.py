@@ -1,0 +1,133 @@
+"""The rule family's batch (``fixtures/rule_batch.py``): once per session under xdist, failures saved and
+replayed with ``--zero3-replay``, and how the draw follows ``--zero3-*`` and hypothesis's own options."""
+
+import json
+import re
+import shlex
+
+import pytest
+from hypothesis import core
+from hypothesis import settings as hsettings
+
+from conftest import BAD, ROOT
+from pytest_zero3 import impl, options
+from pytest_zero3.fixtures import rule_batch
+
+ANCHORS_ONLY = ("--zero3-examples=0", "--zero3-shrink=0")
+
+
+def _settings(**kw) -> options.Settings:
+    return options.Settings(impl.parse("reference"), 2, "auto", 60.0, **kw)
+
+
+def _worlds_started(base) -> int:
+    """Worlds a session started: each :meth:`World.run` makes one ``run<N>`` directory under its temp dir."""
+    return sum(1 for p in base.rglob("run*") if p.is_dir() and re.fullmatch(r"run\d+", p.name))
+
+
+@pytest.mark.slow
+def test_xdist_runs_the_rule_batch_once(run_pytest, tmp_path):
+    """Plain ``-n 2`` (``--dist load``) spreads the eight rule tests over both workers; the batch still
+    starts exactly the worlds of one serial session (the anchors: one world at the session's size)."""
+    assert all(a["ranks"] is None for a in rule_batch.ANCHORS) and len(rule_batch.ANCHORS) <= rule_batch.CHUNK
+    one_session = 1
+    base = tmp_path / "base"
+    run = run_pytest(
+        "conformance", "--zero3-impl=reference", "--zero3-select=rule", *ANCHORS_ONLY, "-n", "2", f"--basetemp={base}"
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "8 passed" in run.stdout, run.stdout[-4000:]
+    workers = {m for m in re.findall(r"\[(gw\d)\]", run.stdout)} or {p.name for p in base.glob("popen-gw*")}
+    assert len(workers) == 2, f"expected two xdist workers, saw {workers}"
+    assert _worlds_started(base) == one_session, sorted(str(p) for p in base.rglob("run*"))
+
+
+@pytest.mark.slow
+def test_a_failing_example_is_saved_and_replays(run_suite, run_pytest, tmp_path):
+    """The anchor that pins DeepSpeed's live-count reset flags LiveCountReset on rule-d; the failure
+    saves the example and prints a command that replays only it, and the replay fails rule-d again."""
+    coordinator = f"{BAD / 'live_count_reset.py'}:LiveCountReset"
+    first = run_suite(coordinator, "rule-d", *ANCHORS_ONLY, f"--basetemp={tmp_path / 'first'}")
+    assert first.failed_ids() == {"rule-d"}, first.stdout[-4000:]
+    command = re.search(r"^\s*(pytest --zero3-impl=.*--zero3-replay=.*)$", first.stdout, re.M)
+    assert command, f"no replay command in the failure:\n{first.stdout[-4000:]}"
+    args = shlex.split(command.group(1))[1:]
+    saved = json.loads(open(args[-1].split("=", 1)[1]).read())
+    assert saved["rule"] == "rule-d" and saved["example"]["eval_at"] == 1, saved
+
+    replay = run_pytest(*args, f"--basetemp={tmp_path / 'replay'}", cwd=ROOT)
+    assert replay.failed_ids() == {"rule-d"}, replay.stdout[-4000:]
+    assert "fails in 1 of 1 examples" in replay.stdout, replay.stdout[-4000:]
+    assert _worlds_started(tmp_path / "replay") == 1  # the example only, not shrunk again
+
+
+def test_a_bad_replay_is_a_usage_error(run_pytest, tmp_path):
+    run = run_pytest("conformance", "--zero3-impl=reference", f"--zero3-replay={tmp_path / 'missing.json'}")
+    assert run.returncode == 4, run.stdout[-4000:]
+    assert "--zero3-replay: cannot read" in run.stdout, run.stdout[-4000:]
+
+
+def test_replay_accepts_a_saved_failure_a_bare_example_or_a_list(tmp_path):
+    example = rule_batch.ANCHORS[6]
+    path = rule_batch.save_failure(str(tmp_path), "rule-d", dict(example, ranks=2), "reference")
+    assert rule_batch.load_replay(path) == (dict(example, ranks=2),)
+    literal = json.dumps({"blocks": ["linear"], "zero": {"stage3_max_reuse_distance": 0}})
+    assert rule_batch.load_replay(literal) == (rule_batch.spec(["linear"], {"stage3_max_reuse_distance": 0}),)
+    assert len(rule_batch.load_replay(json.dumps(rule_batch.ANCHORS[:2]))) == 2
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ('{"blocks": ["conv"], "zero": {}}', "'blocks' must be"),
+        ('{"blocks": ["linear"], "zero": {}, "colour": 1}', "unknown example fields ['colour']"),
+        ('{"blocks": ["linear"], "zero": {}, "frozen": [3]}', "'frozen' must list block indices below 1"),
+        ('{"blocks": ["linear"], "zero": {"stage3_max_reuse_distance": "0"}}', "'zero' maps stage3_* settings"),
+        ("[]", "holds no example"),
+        ("{not json", "is not JSON"),
+    ],
+)
+def test_replay_names_what_is_wrong(bad, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        rule_batch.load_replay(bad)
+
+
+@pytest.fixture
+def profile():
+    """Load a hypothesis profile for one test (as ``--hypothesis-profile`` does), then the default again."""
+    before = hsettings.get_current_profile_name()
+
+    def load(name, **kw):
+        hsettings.register_profile(name, **kw)
+        hsettings.load_profile(name)
+
+    yield load
+    hsettings.load_profile(before)
+
+
+def test_plan_defaults_to_the_derandomised_ci_budget():
+    plan = rule_batch.plan(_settings())
+    assert (plan.examples, plan.seed) == (rule_batch.DEFAULT_EXAMPLES, None)
+
+
+def test_a_user_profile_sets_the_budget_and_zero3_examples_wins(profile):
+    profile("zero3-test-many", max_examples=23, derandomize=True)
+    assert (rule_batch.plan(_settings()).examples, rule_batch.plan(_settings()).seed) == (23, None)
+    assert rule_batch.plan(_settings(examples=3)).examples == 3
+
+
+def test_a_random_profile_draws_a_fresh_seed_which_the_plan_names(profile):
+    profile("zero3-test-random", derandomize=False)
+    plan = rule_batch.plan(_settings())
+    assert plan.seed is not None and str(plan.seed) in plan.describe()
+
+
+def test_zero3_seed_wins_over_hypothesis_seed(monkeypatch):
+    monkeypatch.setattr(core, "global_force_seed", 11)  # what --hypothesis-seed=11 sets
+    assert rule_batch.plan(_settings()).seed == 11
+    assert rule_batch.plan(_settings(seed=5)).seed == 5
+
+
+def test_replay_runs_only_its_examples():
+    example = rule_batch.spec(["linear"], {"stage3_max_reuse_distance": 0})
+    assert rule_batch.plan(_settings(replay=(example,), examples=50)).specs() == [example]
