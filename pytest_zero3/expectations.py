@@ -151,7 +151,7 @@ def passes_through(exc: BaseException) -> bool:
     from pytest_zero3 import world
 
     through = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt, SystemExit)
-    return isinstance(exc, through + _as_tuple(getattr(world, "WorldNotFormed", ())))
+    return isinstance(exc, (*through, world.WorldNotFormed))
 
 
 def judge(cid: str, expectation: Expectation, exc: BaseException) -> Optional[BaseException]:
@@ -169,7 +169,3 @@ def headline(exc: BaseException) -> str:
     if getattr(exc, "outcomes", None):
         return first_failure(exc.outcomes)
     return (pytest.ExceptionInfo.from_exception(exc).exconly().splitlines() or [""])[0]
-
-
-def _as_tuple(types) -> tuple:
-    return types if isinstance(types, tuple) else (types,)

@@ -353,7 +353,7 @@ def classify(call, rep, expected):
         else:
             message = pytest.ExceptionInfo.from_exception(cause).exconly()[:4000]  # assertion detail is evidence
     first = (message.splitlines() or [""])[0]
-    if cause is not None and isinstance(cause, getattr(world, "WorldNotFormed", ())):
+    if cause is not None and isinstance(cause, world.WorldNotFormed):
         return Outcome.WORLD_ERROR, first, message
     if rep.skipped and hasattr(rep, "wasxfail"):
         if expected is not None:
