@@ -12,14 +12,10 @@ A listed failure does not fail the run; a listed contract that passes is an "une
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on older Pythons only
-    import tomli as tomllib
+from pytest_zero3._compat import tomllib
 
 
 def load(path) -> dict:

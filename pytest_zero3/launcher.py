@@ -115,7 +115,7 @@ class LauncherWorld:
         return _store
 
 
-_store = None
+_store: Optional[object] = None
 
 
 def _in_fresh_group(key: str, backend: str, timeout: float, store, fn, args, kwargs):

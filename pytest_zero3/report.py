@@ -52,7 +52,7 @@ _COLOURS = {
     Outcome.NOT_RUN: {"yellow": True},
 }
 
-_OUTCOMES = pytest.StashKey()
+_OUTCOMES: pytest.StashKey[list] = pytest.StashKey()
 
 
 class Report:
@@ -130,7 +130,7 @@ class Report:
             ranks = [dict(rank=o.rank, status=o.status, message=o.message, traceback=o.traceback) for o in outcomes]
             if any(o.status != "passed" for o in outcomes):
                 break
-        identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
+        identity: dict = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE)
         rep.zero3 = dict(
             id=cid,
@@ -175,9 +175,7 @@ class Report:
 
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
-        info.update(
-            backend=self.settings.resolved_backend or self.settings.backend, world_size=self.settings.world_size
-        )
+        info.update(backend=self.settings.backend, world_size=self.settings.world_size)
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
         return info
 

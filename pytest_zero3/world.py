@@ -63,7 +63,7 @@ class World:
         spec_text: str,
         base_dir: str,
         preload=(),
-        on_outcomes: Callable[[List[RankOutcome]], None] = None,
+        on_outcomes: Optional[Callable[[List[RankOutcome]], None]] = None,
         startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT,
     ):
         self.size, self.backend, self.timeout = size, backend, timeout
@@ -144,7 +144,7 @@ def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
 
 def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
     files = [rank_mod.paths(run_dir, r) for r in range(len(procs))]
-    outcomes: List[RankOutcome] = [None] * len(procs)
+    outcomes: List[RankOutcome] = [None] * len(procs)  # type: ignore[list-item]  # each rank's, by the end
     deadline = time.monotonic() + timeout
     first_failure_at = None
     while True:
@@ -189,7 +189,7 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
             os.kill(procs[r].pid, rank_mod.STACK_SIGNAL)
         except ProcessLookupError:
             pass
-    pending, sizes = set(live), {}
+    pending, sizes = set(live), {}  # type: ignore[var-annotated]
     end = time.monotonic() + STACK_SECONDS
     while pending and time.monotonic() < end:
         for r in list(pending):
