@@ -146,14 +146,10 @@ def select_prefixes(config) -> list:
     return list(options.settings(config).select)
 
 
-def select_contracts(config, items) -> None:
-    """Apply ``--zero3-select``: deselect contract tests whose ID matches none of the prefixes.  A prefix
-    that matches no registered and no collected contract is a usage error listing the families."""
-    prefixes = select_prefixes(config)
-    if not prefixes:
-        return
-    ids = {c[0] for c in map(contract, items) if c}
-    known = ids | set(registry.load())
+def check_select(prefixes, collected=()) -> None:
+    """A ``--zero3-select`` prefix that matches no registered and no collected contract ID is a usage
+    error listing the families."""
+    known = set(collected) | set(registry.load())
     unmatched = [p for p in prefixes if not any(selected(cid, [p]) for cid in known)]
     if unmatched:
         families = sorted({registry.family(cid) for cid in known})
@@ -161,6 +157,22 @@ def select_contracts(config, items) -> None:
             f"--zero3-select: no contract ID starts with {', '.join(map(repr, unmatched))}. Give contract IDs "
             f"or prefixes of them (e.g. '000' or '001-a'); the families are: {', '.join(families)}."
         )
+
+
+def distributing(config) -> bool:
+    """Whether this process is a pytest-xdist controller: it collects nothing, its workers do."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
+def select_contracts(config, items) -> None:
+    """Apply ``--zero3-select``: deselect contract tests whose ID matches none of the prefixes, after
+    :func:`check_select` (under pytest-xdist the controller checked them against the registry, before
+    any worker started)."""
+    prefixes = select_prefixes(config)
+    if not prefixes:
+        return
+    if not hasattr(config, "workerinput"):
+        check_select(prefixes, {c[0] for c in map(contract, items) if c})
     keep: list = []
     drop: list = []
     for item in items:

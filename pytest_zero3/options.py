@@ -60,6 +60,13 @@ def _world_size(value: Any) -> int:
     return number
 
 
+def _seed(value: Any) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"give a whole number as the seed, not {value!r}") from None
+
+
 def _seconds(value: Any) -> float:
     try:
         number = float(str(value).strip())
@@ -206,7 +213,7 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "seed",
-        _whole(-(2**63), "(a seed)"),
+        _seed,
         None,
         "Seed of the rule family's generated examples (default: a fixed derandomised one).",
         metavar="S",
@@ -260,21 +267,22 @@ def _argparse_type(opt: Option) -> Callable[[str], Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Every ``zero3`` option, validated: the one reader of the group's configuration."""
+    """Every ``zero3`` option, validated: the one reader of the group's configuration.  Built only by
+    :func:`settings_from`; the defaults are the table's."""
 
-    spec: impl.Spec
-    world_size: int = 2
-    backend: str = "auto"  # as configured; a world resolves "auto" with resolve_backend()
-    timeout: float = DEFAULT_TIMEOUT
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
-    select: Tuple[str, ...] = ()  # contract ID prefixes; empty selects every contract
-    report: Optional[str] = None  # JSON report path
-    report_md: Optional[str] = None  # Markdown report path
-    expect: Optional[str] = None  # expectations file
-    strict: bool = False
-    examples: Optional[int] = None  # rule family: generated examples (None: its default)
-    seed: Optional[int] = None  # rule family: seed (None: derandomised)
-    shrink: int = 6  # rule family: worlds a shrink may start
+    spec: impl.Spec  # the parsed ``impl`` option
+    world_size: int
+    backend: str  # as configured; a world resolves "auto" with resolve_backend()
+    timeout: float
+    startup_timeout: float
+    select: Tuple[str, ...]  # contract ID prefixes; empty selects every contract
+    report: Optional[str]  # JSON report path
+    report_md: Optional[str]  # Markdown report path
+    expect: Optional[str]  # expectations file
+    strict: bool
+    examples: Optional[int]  # rule family: generated examples (None: its default)
+    seed: Optional[int]  # rule family: seed (None: derandomised)
+    shrink: int  # rule family: worlds a shrink may start
 
 
 def _configured(config: pytest.Config, opt: Option) -> Tuple[Any, str]:

@@ -73,6 +73,8 @@ class Zero3Session:
         from pytest_zero3 import impl, report
 
         settings = options.settings_from(self.config)
+        if markers.distributing(self.config):  # its workers collect; a usage error there is an internal error
+            markers.check_select(settings.select)
         if settings.spec.kind == "class":
             # Checked before any world starts; importing the user's module may import deepspeed.
             self.start(options.resolve_backend(settings, settings.world_size), settings)

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from conftest import ROOT
+
 from pytest_zero3 import options, registry
 
 USAGE = pytest.ExitCode.USAGE_ERROR
@@ -28,8 +30,10 @@ def test_one_table_makes_the_options_the_ini_settings_and_the_frozen_settings(py
         assert opt.flag in out and f"{opt.ini} " in out, opt.name
     names = {o.name for o in options.OPTIONS} - {"impl"}  # the implementation is the parsed spec
     assert {f.name for f in dataclasses.fields(options.Settings)} == names | {"spec"}
-    settings = options.Settings(spec=None)
-    assert all(getattr(settings, o.name) == o.default for o in options.OPTIONS if o.name != "impl")
+    readme = (ROOT / "README.md").read_text()
+    for opt in options.OPTIONS:
+        assert f"| `{opt.flag}" in readme and f"| `{opt.ini}` |" in readme, f"README's option table lacks {opt.name}"
+    settings = options.Settings(None, **{o.name: o.default for o in options.OPTIONS if o.name != "impl"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.world_size = 3
 
@@ -132,6 +136,9 @@ def test_select_matching_no_contract_is_a_usage_error_listing_the_families(pytes
     err = result.stderr.str()
     assert "--zero3-select: no contract ID starts with 'zzz', 'base_a'" in err, err
     assert f"the families are: {families}" in err, err
+    result = pytester.runpytest_inprocess("test_trivial.py", "--zero3-select=zzz", "-n", "2")
+    assert result.ret == USAGE, result.outlines  # checked before any xdist worker starts
+    assert "no contract ID starts with 'zzz'" in result.stderr.str()
 
 
 def test_select_accepts_a_collected_contract_of_ones_own(pytester):
@@ -188,15 +195,15 @@ def test_marker_arguments_are_checked_at_collection_naming_the_test(pytester):
 
 @pytest.mark.slow
 def test_a_forks_ini_configures_zero3_conformance_and_leaves_bare_pytest_alone(tmp_path):
-    """Issue 24's fork: its pyproject.toml sets the implementation, the expectations file and the report
-    under [tool.pytest.ini_options]; `zero3-conformance` there runs the suite with them, a bare
-    `pytest` there runs the fork's own tests only, with no zero3 output."""
+    """Issue 24's fork: its pyproject.toml sets the implementation, the expectations file, the report
+    and one fast contract under [tool.pytest.ini_options]; `zero3-conformance` with no arguments there
+    runs the suite with them, a bare `pytest` there runs the fork's own tests only, with no zero3 output."""
     fork = tmp_path / "fork"
     (fork / "tests").mkdir(parents=True)
     (fork / "ci").mkdir()
     (fork / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\ntestpaths = ["tests"]\nzero3_impl = "reference"\n'
-        'zero3_expect = "ci/expect.toml"\nzero3_report = "ci/report.json"\n'
+        'zero3_expect = "ci/expect.toml"\nzero3_report = "ci/report.json"\nzero3_select = "000-c"\n'
     )
     (fork / "ci" / "expect.toml").write_text('[expected_failures]\n"000-c" = "listed by the fork"\n')
     (fork / "tests" / "test_own.py").write_text("def test_own():\n    print('OWN TEST RAN')\n")
@@ -219,7 +226,7 @@ def test_a_forks_ini_configures_zero3_conformance_and_leaves_bare_pytest_alone(t
     assert not [line for line in out.lower().splitlines() if "zero3" in line and not line.startswith("plugins:")]
     assert not (fork / "ci" / "report.json").exists()
 
-    code, out = run("-m", "pytest_zero3.cli", "--zero3-select=000-c")  # zero3-conformance
+    code, out = run("-m", "pytest_zero3.cli")  # zero3-conformance, no zero3 option given
     assert code == 0, out
     assert "zero3: impl=reference (reference coordinator)" in out
     assert "OWN TEST RAN" not in out and "test_own" not in out
