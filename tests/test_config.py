@@ -86,6 +86,22 @@ def test_ini_paths_are_relative_to_the_ini_file(pytester, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("installed", "installed"),
+        ("reference", "reference"),
+        (".", "/fork"),
+        ("../DeepSpeed", "/DeepSpeed"),
+        ("ci/my_coordinator.py:Mine", "/fork/ci/my_coordinator.py:Mine"),
+        ("my_pkg.coordinator:Mine", "my_pkg.coordinator:Mine"),  # a module: found on the import path
+        ("/abs/DeepSpeed", "/abs/DeepSpeed"),
+    ],
+)
+def test_an_ini_impl_is_resolved_against_the_ini_files_directory(value, expected):
+    assert options._spec_from("/fork", value) == expected
+
+
+@pytest.mark.parametrize(
     "name, value, message",
     [
         ("timeout", "inf", "give a finite number of seconds, not 'inf'"),
