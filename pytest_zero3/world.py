@@ -189,7 +189,8 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
             os.kill(procs[r].pid, rank_mod.STACK_SIGNAL)
         except ProcessLookupError:
             pass
-    pending, sizes = set(live), {}  # type: ignore[var-annotated]
+    pending = set(live)
+    sizes: dict = {}
     end = time.monotonic() + STACK_SECONDS
     while pending and time.monotonic() < end:
         for r in list(pending):

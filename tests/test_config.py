@@ -20,6 +20,8 @@ from conftest import ROOT
 from pytest_zero3 import options, registry
 
 USAGE = pytest.ExitCode.USAGE_ERROR
+# In-process runs inside an xdist worker: pytest-benchmark's notice that it is off is no finding here.
+pytestmark = pytest.mark.filterwarnings("ignore:Benchmarks are automatically disabled")
 TRIVIAL = "def test_one():\n    pass\n"
 
 
