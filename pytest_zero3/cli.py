@@ -3,12 +3,16 @@
 Equivalent to ``pytest --pyargs pytest_zero3.conformance [pytest args]``, e.g.::
 
     zero3-conformance --zero3-impl=/path/to/DeepSpeed --zero3-expect=expect.toml --zero3-report=r.json
+
+With no arguments, in a fork whose ``pyproject.toml`` sets ``zero3_impl = "."`` and ``zero3_expect``
+under ``[tool.pytest.ini_options]``, it runs the suite with those settings.
 """
 
 import sys
+from typing import List, Optional
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     import pytest
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 from typing import Optional
 
 import pytest
+from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on older Pythons only
-    import tomli as tomllib
+from pytest_zero3._compat import tomllib
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
@@ -117,7 +114,7 @@ def _entry(path, cid: str, value) -> Expectation:
     return Expectation(reason, value.get("match"), value.get("raises"))
 
 
-class KnownFailure(pytest.fail.Exception):
+class KnownFailure(Failed):
     """A listed contract failed for its listed cause; raised from that failure (``cause``), which
     pytest shows above it.
 
@@ -134,7 +131,7 @@ class KnownFailure(pytest.fail.Exception):
         self.cause = cause
 
 
-class CauseMismatch(pytest.fail.Exception):
+class CauseMismatch(Failed):
     """A listed contract failed, but not for its listed cause: a new failure, raised from it (``cause``)."""
 
     def __init__(self, cid: str, expectation: Expectation, cause: BaseException):
@@ -166,6 +163,7 @@ def headline(exc: BaseException) -> str:
     """One line naming the failure: a failed world's first real failure, else the exception's first line."""
     from pytest_zero3.outcome import first_failure
 
-    if getattr(exc, "outcomes", None):
-        return first_failure(exc.outcomes)
+    outcomes = getattr(exc, "outcomes", None)
+    if outcomes:
+        return first_failure(outcomes)
     return (pytest.ExceptionInfo.from_exception(exc).exconly().splitlines() or [""])[0]

@@ -17,12 +17,15 @@ The SPEC is chosen once per pytest run and every rank reaches it through this mo
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.util
 import os
 import sys
 from typing import Optional
+
+from packaging.version import InvalidVersion, Version
 
 from pytest_zero3 import protocol
 
@@ -124,8 +127,8 @@ def check_version(spec: Spec) -> None:
     """:class:`SpecError` when the deepspeed this spec runs on is older than it needs."""
     found = describe_without_import(spec).get("deepspeed", "")
     need = MIN_DEEPSPEED_REFERENCE if spec.kind in ("reference", "class") else MIN_DEEPSPEED
-    have = _release(found)
-    if have is None or have >= _release(need):
+    have = parse_version(found)
+    if have is None or have >= Version(need):
         return  # an unreadable version is reported in the header, not guessed at
     what = {
         "reference": "the reference coordinator",
@@ -137,37 +140,41 @@ def check_version(spec: Spec) -> None:
     )
 
 
-def _release(version: str):
-    """``(major, minor, patch)`` of a version string, or None when it does not start with one."""
-    import re
-
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    return tuple(int(x or 0) for x in match.groups()) if match else None
+def parse_version(text: str) -> Optional[Version]:
+    """The version a deepspeed reports (a checkout's "0.20.1 (git 0123abcd)" included), or None when
+    it is not a version."""
+    try:
+        return Version((text or "").split(" (", 1)[0].strip())
+    except InvalidVersion:
+        return None
 
 
 def load_class(spec: Spec):
     """Import and return the coordinator class of a ``class`` spec; :class:`SpecError` if it cannot work."""
+    module, cls_name = spec.module or "", spec.cls_name or ""
     try:
-        if spec.module.endswith(".py"):
-            name = "pytest_zero3_impl_" + os.path.splitext(os.path.basename(spec.module))[0]
+        if module.endswith(".py"):
+            name = "pytest_zero3_impl_" + os.path.splitext(os.path.basename(module))[0]
             mod = sys.modules.get(name)
             if mod is None:
-                loader_spec = importlib.util.spec_from_file_location(name, spec.module)
+                loader_spec = importlib.util.spec_from_file_location(name, module)
+                if loader_spec is None or loader_spec.loader is None:
+                    raise ImportError(f"cannot load {module!r} as a module")
                 mod = importlib.util.module_from_spec(loader_spec)
                 sys.modules[name] = mod
                 loader_spec.loader.exec_module(mod)
         else:
-            mod = importlib.import_module(spec.module)
+            mod = importlib.import_module(module)
     except Exception as exc:  # the user's module: any import failure is a usage error
-        sys.modules.pop("pytest_zero3_impl_" + os.path.splitext(os.path.basename(spec.module))[0], None)
+        sys.modules.pop("pytest_zero3_impl_" + os.path.splitext(os.path.basename(module))[0], None)
         raise SpecError(
-            f"--zero3-impl={spec.text!r}: importing {spec.module!r} failed: {type(exc).__name__}: {exc}"
+            f"--zero3-impl={spec.text!r}: importing {module!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
-    obj = getattr(mod, spec.cls_name, None)
+    obj = getattr(mod, cls_name, None)
     if obj is None:
-        raise SpecError(f"--zero3-impl={spec.text!r}: {spec.module!r} has no attribute {spec.cls_name!r}.")
+        raise SpecError(f"--zero3-impl={spec.text!r}: {module!r} has no attribute {cls_name!r}.")
     if not isinstance(obj, type):
-        raise SpecError(f"--zero3-impl={spec.text!r}: {spec.cls_name!r} is a {type(obj).__name__}, not a class.")
+        raise SpecError(f"--zero3-impl={spec.text!r}: {cls_name!r} is a {type(obj).__name__}, not a class.")
     missing = protocol.missing_methods(obj)
     if missing:
         raise SpecError(
@@ -180,14 +187,14 @@ def load_class(spec: Spec):
 def apply(spec: Spec) -> None:
     """Install the implementation in this process.  Called in every rank before the scenario runs."""
     if spec.kind == "reference":
-        from pytest_zero3 import reference_impl
+        from pytest_zero3 import reference_impl  # type: ignore[attr-defined]  # mapped in: see __init__
 
         reference_impl.install()
     elif spec.kind == "class":
         # The class replaces the name parameter_offload constructs (it imported the class by name, so
         # patching the defining module would have no effect), with the reference's fixes around the
         # coordinator, so the contracts judge the class and not DeepSpeed's leaks elsewhere.
-        from pytest_zero3 import reference_impl
+        from pytest_zero3 import reference_impl  # type: ignore[attr-defined]  # mapped in: see __init__
 
         reference_impl.install(coordinator=load_class(spec))
 
@@ -223,7 +230,7 @@ def describe_without_import(spec: Spec) -> dict:
     except metadata.PackageNotFoundError:
         info["torch"] = "not installed"
     if spec.kind == "fork":  # imported from there once the session starts, whatever sys.path says now
-        info["deepspeed_path"] = os.path.join(spec.fork_dir, "deepspeed")
+        info["deepspeed_path"] = os.path.join(spec.fork_dir or "", "deepspeed")
     else:
         found = importlib.util.find_spec("deepspeed")
         if found is None or not found.origin:
@@ -236,17 +243,18 @@ def describe_without_import(spec: Spec) -> dict:
 
 def _deepspeed_version(package_dir: str) -> str:
     """The version of the deepspeed package in ``package_dir``, read from its files, not imported."""
-    import re
-
     checkout = _checkout_version(package_dir)
     if checkout:
         return checkout
-    installed = os.path.join(package_dir, "git_version_info_installed.py")
-    if os.path.isfile(installed):
-        with open(installed) as fh:
-            match = re.search(r"^version\s*=\s*['\"]([^'\"]+)", fh.read(), re.M)
-        if match:
-            return match.group(1)
+    try:
+        with open(os.path.join(package_dir, "git_version_info_installed.py")) as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return "unknown"
+    for node in tree.body:  # the module's ``version = "X.Y.Z"``
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "version" for t in node.targets):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                return node.value.value
     return "unknown"
 
 

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import pytest
 
@@ -129,7 +129,7 @@ class LauncherWorld(BaseWorld):
         return _store
 
 
-_store = None
+_store: Any = None  # torch.distributed.Store, imported lazily
 
 
 def _in_fresh_group(key: str, backend: str, timeout: float, store, fn, args, kwargs):
@@ -196,7 +196,7 @@ class _Post:
 
 def _post_stack(post: _Post, r: int, timeout: float) -> None:
     """Post a hung outcome with the main thread's stack (called from the stack watch's thread)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
     frames = traceback.extract_stack(frame) if frame is not None else []
     ours = [i for i, f in enumerate(frames) if f.name == _in_fresh_group.__name__ and f.filename == __file__]
     stack = "".join(traceback.format_list(frames[ours[-1] + 1 :] if ours else frames))  # the scenario's frames

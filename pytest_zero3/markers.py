@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pytest_zero3 import registry
 
-_PRELOADS = pytest.StashKey()
+_PRELOADS: pytest.StashKey[list] = pytest.StashKey()
 
 MARKERS = (
     "zero3_contract(id, statement=None): the test checks ZeRO-3 contract `id` (e.g. '000-a'), registered in "
@@ -64,26 +66,61 @@ def contract(item):
     return cid, str(statement)
 
 
-def check_contracts(items) -> None:
-    """Read every contract marker once, at collection: a bad one is a usage error naming the test."""
+def check(items) -> None:
+    """Read every zero3 marker once, at collection, as pytest-timeout checks its own: a bad one is a
+    usage error naming the test, before any world starts."""
     errors = []
     for item in items:
-        try:
-            contract(item)
-        except MarkerError as exc:
-            errors.append(str(exc))
+        for read in (contract, _checked_world_size, _checked_timeout):
+            try:
+                read(item)
+            except MarkerError as exc:
+                errors.append(str(exc))
     if errors:
         raise pytest.UsageError("\n".join(errors))
 
 
+def _one_argument(item, name: str, example: str):
+    """The single positional argument of the item's ``name`` marker (None without the marker)."""
+    mark = item.get_closest_marker(name)
+    if mark is None:
+        return None
+    if len(mark.args) != 1 or mark.kwargs:
+        given = ", ".join([*map(repr, mark.args), *(f"{k}={v!r}" for k, v in mark.kwargs.items())])
+        raise MarkerError(f"{item.nodeid}: @pytest.mark.{name} takes one argument, e.g. {example}; got ({given}).")
+    return mark.args[0]
+
+
+def _checked_world_size(item):
+    n = _one_argument(item, "zero3_world_size", "zero3_world_size(2)")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise MarkerError(
+            f"{item.nodeid}: @pytest.mark.zero3_world_size({n!r}): give a positive whole number of ranks, "
+            "e.g. zero3_world_size(2)."
+        )
+    return n
+
+
+def _checked_timeout(item):
+    s = _one_argument(item, "zero3_timeout", "zero3_timeout(60)")
+    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not (math.isfinite(s) and s > 0)):
+        raise MarkerError(
+            f"{item.nodeid}: @pytest.mark.zero3_timeout({s!r}): give a positive, finite number of seconds, "
+            "e.g. zero3_timeout(60)."
+        )
+    return s
+
+
 def world_size(item, default: int) -> int:
-    mark = item.get_closest_marker("zero3_world_size")
-    return int(mark.args[0]) if mark else default
+    """The item's ``zero3_world_size``, else ``default``; checked at collection by :func:`check`."""
+    n = _checked_world_size(item)
+    return default if n is None else int(n)
 
 
 def timeout(item, default: float) -> float:
-    mark = item.get_closest_marker("zero3_timeout")
-    return float(mark.args[0]) if mark else default
+    """The item's ``zero3_timeout``, else ``default``; checked at collection by :func:`check`."""
+    s = _checked_timeout(item)
+    return default if s is None else float(s)
 
 
 def collect_preloads(config, items) -> None:
@@ -109,12 +146,35 @@ def select_prefixes(config) -> list:
     return list(options.settings(config).select)
 
 
+def check_select(prefixes, collected=()) -> None:
+    """A ``--zero3-select`` prefix that matches no registered and no collected contract ID is a usage
+    error listing the families."""
+    known = set(collected) | set(registry.load())
+    unmatched = [p for p in prefixes if not any(selected(cid, [p]) for cid in known)]
+    if unmatched:
+        families = sorted({registry.family(cid) for cid in known})
+        raise pytest.UsageError(
+            f"--zero3-select: no contract ID starts with {', '.join(map(repr, unmatched))}. Give contract IDs "
+            f"or prefixes of them (e.g. '000' or '001-a'); the families are: {', '.join(families)}."
+        )
+
+
+def distributing(config) -> bool:
+    """Whether this process is a pytest-xdist controller: it collects nothing, its workers do."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
 def select_contracts(config, items) -> None:
-    """Apply ``--zero3-select``: deselect contract tests whose ID matches none of the prefixes."""
+    """Apply ``--zero3-select``: deselect contract tests whose ID matches none of the prefixes, after
+    :func:`check_select` (under pytest-xdist the controller checked them against the registry, before
+    any worker started)."""
     prefixes = select_prefixes(config)
     if not prefixes:
         return
-    keep, drop = [], []
+    if not hasattr(config, "workerinput"):
+        check_select(prefixes, {c[0] for c in map(contract, items) if c})
+    keep: list = []
+    drop: list = []
     for item in items:
         c = contract(item)
         (keep if c and selected(c[0], prefixes) else drop).append(item)

@@ -1,15 +1,27 @@
-"""Command-line options and ini settings of the ``zero3`` group, and their validation.
+"""The ``zero3`` options: one table that makes the command-line options, the ini settings, the
+defaults and the frozen :class:`Settings`, the one reader of the group's configuration.
 
-Every bad value is turned into a :class:`pytest.UsageError` at configure time, before collection and
-before any world starts, with a message that names the fix.
+Every option is ``--zero3-NAME`` on the command line and ``zero3_NAME`` in ``[tool.pytest.ini_options]``,
+``pytest.ini``, ``tox.ini`` or ``setup.cfg``; the command line wins over the ini file, which wins over
+the table's default.  A relative path in an ini value is relative to the ini file's directory (a fork
+writes ``zero3_impl = "."``), as pytest does for its own path settings.
+
+Every bad value is a :class:`pytest.UsageError` (exit 4) that names the fix: a command-line value when
+pytest parses its arguments, an ini value when the session activates, both before collection and
+before any world starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
+import math
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, cast
+
+if TYPE_CHECKING:
+    from pytest_zero3.plugin import Zero3Session
 
 import pytest
 
@@ -17,206 +29,370 @@ from pytest_zero3 import impl, spawner
 
 DEFAULT_TIMEOUT = 180.0
 DEFAULT_STARTUP_TIMEOUT = spawner.DEFAULT_STARTUP_TIMEOUT
-#: Option dest -> default, for every option of the group (see :func:`asked`).
-DEFAULTS = dict(
-    zero3_impl="installed",
-    zero3_world_size=2,
-    zero3_backend="auto",
-    zero3_timeout=DEFAULT_TIMEOUT,
-    zero3_startup_timeout=DEFAULT_STARTUP_TIMEOUT,
-    zero3_select=None,
-    zero3_report=None,
-    zero3_report_md=None,
-    zero3_expect=None,
-    zero3_strict=False,
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+# -- value parsers: text (or a native TOML value) -> value; ValueError names the fix ----------------------
+def _text(value: Any) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ValueError("give a value (leave the option out for its default)")
+    return text
+
+
+def _whole(minimum: int, what: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"give a whole number of {what}, not {value!r}") from None
+        if number < minimum:
+            raise ValueError(f"give at least {minimum} {what}, not {number}")
+        return number
+
+    return parse
+
+
+def _world_size(value: Any) -> int:
+    number = _whole(0, "ranks")(value)
+    if number < 1:
+        raise ValueError(f"a world needs at least 1 rank, not {number}")
+    return number
+
+
+def _seed(value: Any) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"give a whole number as the seed, not {value!r}") from None
+
+
+def _seconds(value: Any) -> float:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise ValueError(f"give a positive number of seconds, not {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"give a finite number of seconds, not {value!r}: a hang must be reported in the end")
+    if number <= 0:
+        raise ValueError(f"give a positive number of seconds, not {value!r}")
+    return number
+
+
+def _backend(value: Any) -> str:
+    text = _text(value)
+    if text not in BACKENDS:
+        raise ValueError(f"choose one of {', '.join(BACKENDS)}, not {text!r}")
+    return text
+
+
+def _prefixes(value: Any) -> Tuple[str, ...]:
+    entries = [p.strip() for p in str(value).split(",")]
+    if not any(entries) or not all(entries):
+        raise ValueError(
+            f"give comma-separated contract IDs or prefixes with no empty entry, e.g. '000,001-a', not {value!r}"
+        )
+    return tuple(entries)
+
+
+def _replay(value: Any) -> tuple:
+    """The examples of ``--zero3-replay``, checked before any world starts (imports the rule library)."""
+    from pytest_zero3.fixtures import rule_batch
+
+    return rule_batch.load_replay(str(value))
+
+
+def _flag(value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"give true or false, not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option: ``--zero3-NAME``, ini ``zero3_NAME``, :class:`Settings` field ``NAME``."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: Optional[str] = None
+    choices: Optional[Tuple[str, ...]] = None
+    switch: bool = False  # a command-line flag with no value (true/false in an ini file)
+    path: bool = False  # a relative ini value is relative to the ini file's directory
+    ini_type: Literal["string", "int", "float", "bool"] = (
+        "string"  # the native TOML type under pytest's own [tool.pytest] table
+    )
+
+    @property
+    def flag(self) -> str:
+        return "--zero3-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "zero3_" + self.name
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option(
+        "impl",
+        _text,
+        "installed",
+        "Implementation under test: 'installed' (default), 'reference', a DeepSpeed checkout "
+        "directory, or a coordinator class as 'module.path:Class' or 'path/to/file.py:Class'.",
+        metavar="SPEC",
+        path=True,
+    ),
+    Option(
+        "world_size",
+        _world_size,
+        2,
+        "Number of ranks in each scenario's world (default 2).",
+        metavar="N",
+        ini_type="int",
+    ),
+    Option(
+        "backend",
+        _backend,
+        "auto",
+        "torch.distributed backend: auto picks nccl when there are at least N GPUs, else gloo.",
+        choices=BACKENDS,
+    ),
+    Option(
+        "timeout",
+        _seconds,
+        DEFAULT_TIMEOUT,
+        f"Seconds one scenario may run before its ranks are reported hung (default {DEFAULT_TIMEOUT:g}).",
+        metavar="SECONDS",
+        ini_type="float",
+    ),
+    Option(
+        "startup_timeout",
+        _seconds,
+        DEFAULT_STARTUP_TIMEOUT,
+        "Seconds the forkserver that preloads torch and deepspeed may take to become ready, "
+        f"a budget of its own, never taken from a scenario's (default {DEFAULT_STARTUP_TIMEOUT:g}).",
+        metavar="SECONDS",
+        ini_type="float",
+    ),
+    Option(
+        "select",
+        _prefixes,
+        (),
+        "Run only the contracts whose ID starts with one of these comma-separated prefixes (e.g. '000,001-a').",
+        metavar="IDS",
+    ),
+    Option("report", _text, None, "Write the conformance results as JSON to PATH.", metavar="PATH", path=True),
+    Option(
+        "report_md",
+        _text,
+        None,
+        "Write the conformance results as Markdown to PATH (for a CI job summary).",
+        metavar="PATH",
+        path=True,
+    ),
+    Option(
+        "expect",
+        _text,
+        None,
+        "TOML file of contract IDs known to fail for this implementation, each with a reason.",
+        metavar="FILE",
+        path=True,
+    ),
+    Option(
+        "strict",
+        _flag,
+        False,
+        "Fail the run when a contract listed in --zero3-expect unexpectedly passes.",
+        switch=True,
+        ini_type="bool",
+    ),
+    Option(
+        "examples",
+        _whole(0, "examples"),
+        None,
+        "Generated examples per run of the rule family (default: its small CI budget).",
+        metavar="N",
+        ini_type="int",
+    ),
+    Option(
+        "seed",
+        _seed,
+        None,
+        "Seed of the rule family's generated examples (default: a fixed derandomised one).",
+        metavar="S",
+        ini_type="int",
+    ),
+    Option(
+        "shrink",
+        _whole(0, "worlds"),
+        6,
+        "Worlds the rule family may start to shrink a failing example (0: report it unshrunk).",
+        metavar="N",
+        ini_type="int",
+    ),
+    Option(
+        "replay",
+        _replay,
+        None,
+        "Run the rule family on these examples only: the file a failing rule test saved "
+        "(its failure prints the command), or an example's JSON.",
+        metavar="FILE|JSON",
+    ),
 )
 
 
-def add_options(parser) -> None:
+def add_options(parser: pytest.Parser) -> None:
+    """Register every option of :data:`OPTIONS` on the command line and in the ini file."""
     group = parser.getgroup("zero3", "ZeRO-3 conformance (pytest-zero3)")
-    group.addoption(
-        "--zero3-impl",
-        default="installed",
-        metavar="SPEC",
-        help="Implementation under test: 'installed' (default), 'reference', a DeepSpeed checkout "
-        "directory, or a coordinator class as 'module.path:Class' or 'path/to/file.py:Class'.",
-    )
-    group.addoption(
-        "--zero3-world-size",
-        type=int,
-        default=2,
-        metavar="N",
-        help="Number of ranks in each scenario's world (default 2).",
-    )
-    group.addoption(
-        "--zero3-backend",
-        default="auto",
-        choices=("auto", "gloo", "nccl"),
-        help="torch.distributed backend: auto picks nccl when there are at least N GPUs, else gloo.",
-    )
-    group.addoption(
-        "--zero3-timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"Seconds one scenario may run before its ranks are reported hung (default {DEFAULT_TIMEOUT:g}).",
-    )
-    group.addoption(
-        "--zero3-startup-timeout",
-        type=float,
-        default=DEFAULT_STARTUP_TIMEOUT,
-        metavar="SECONDS",
-        help="Seconds the forkserver that preloads torch and deepspeed may take to become ready, "
-        f"a budget of its own, never taken from a scenario's (default {DEFAULT_STARTUP_TIMEOUT:g}).",
-    )
-    group.addoption(
-        "--zero3-select",
-        default=None,
-        metavar="IDS",
-        help="Run only the contracts whose ID starts with one of these comma-separated prefixes (e.g. '000,001-a').",
-    )
-    group.addoption(
-        "--zero3-report", default=None, metavar="PATH", help="Write the conformance results as JSON to PATH."
-    )
-    group.addoption(
-        "--zero3-report-md",
-        default=None,
-        metavar="PATH",
-        help="Write the conformance results as Markdown to PATH (for a CI job summary).",
-    )
-    group.addoption(
-        "--zero3-expect",
-        default=None,
-        metavar="FILE",
-        help="TOML file of contract IDs known to fail for this implementation, each with a reason.",
-    )
-    group.addoption(
-        "--zero3-strict",
-        action="store_true",
-        default=False,
-        help="Fail the run when a contract listed in --zero3-expect unexpectedly passes.",
-    )
-    group.addoption(
-        "--zero3-examples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="Generated examples per run of the rule family (default: its small CI budget).",
-    )
-    group.addoption(
-        "--zero3-seed",
-        type=int,
-        default=None,
-        metavar="S",
-        help="Seed of the rule family's generated examples (default: a fixed derandomised one).",
-    )
-    group.addoption(
-        "--zero3-shrink",
-        type=int,
-        default=6,
-        metavar="N",
-        help="Worlds the rule family may start to shrink a failing example (0: report it unshrunk).",
-    )
-    group.addoption(
-        "--zero3-replay",
-        default=None,
-        metavar="FILE|JSON",
-        help="Run the rule family on these examples only: the file a failing rule test saved "
-        "(its failure prints the command), or an example's JSON.",
-    )
+    # Native TOML types exist in pytest's own [tool.pytest] table (pytest 9); elsewhere ini values are text.
+    typed = pytest.version_tuple >= (9,)
+    for opt in OPTIONS:
+        if opt.switch:
+            group.addoption(opt.flag, dest=opt.ini, action="store_true", default=None, help=opt.help)
+        else:
+            group.addoption(
+                opt.flag,
+                dest=opt.ini,
+                type=_argparse_type(opt),
+                default=None,  # None: not given, so the ini value or the table's default applies
+                metavar=opt.metavar,
+                choices=opt.choices,
+                help=opt.help,
+            )
+        # default=None: unset reads as None (not 0 or False), so the table's default applies.
+        parser.addini(
+            opt.ini, f"{opt.help} (command line: {opt.flag})", type=opt.ini_type if typed else "string", default=None
+        )
 
 
-@dataclasses.dataclass
+def _argparse_type(opt: Option) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return opt.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = opt.metavar or opt.name
+    return parse
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
-    """Every ``zero3`` option, validated: the one reader of the group's configuration."""
+    """Every ``zero3`` option, validated: the one reader of the group's configuration.  Built only by
+    :func:`settings_from`; the defaults are the table's."""
 
-    spec: impl.Spec
+    spec: impl.Spec  # the parsed ``impl`` option
     world_size: int
-    backend: str  # "auto" until the first world resolves it
+    backend: str  # as configured; a world resolves "auto" with resolve_backend()
     timeout: float
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
-    select: tuple = ()  # contract ID prefixes; empty selects every contract
-    report: Optional[str] = None  # JSON report path
-    report_md: Optional[str] = None  # Markdown report path
-    expect: Optional[str] = None  # expectations file
-    strict: bool = False
-    examples: Optional[int] = None  # rule family: generated examples (None: its default)
-    seed: Optional[int] = None  # rule family: seed (None: derandomised)
-    shrink: int = 6  # rule family: worlds a shrink may start
-    replay: Optional[tuple] = None  # rule family: the examples to run instead of anchors + drawn ones
-    resolved_backend: str = ""  # set when the first world starts
+    startup_timeout: float
+    select: Tuple[str, ...]  # contract ID prefixes; empty selects every contract
+    report: Optional[str]  # JSON report path
+    report_md: Optional[str]  # Markdown report path
+    expect: Optional[str]  # expectations file
+    strict: bool
+    examples: Optional[int]  # rule family: generated examples (None: its default)
+    seed: Optional[int]  # rule family: seed (None: derandomised)
+    shrink: int  # rule family: worlds a shrink may start
+    replay: Optional[tuple]  # rule family: the examples to run instead of anchors + drawn ones
 
 
-def settings_from(config) -> Settings:
-    """Validate the options; raise :class:`pytest.UsageError` naming the fix.  Changes nothing."""
-    opt = config.getoption
+def _configured(config: pytest.Config, opt: Option) -> Tuple[Any, str]:
+    """``(value, where)``: the command line's value, else the ini file's (paths made absolute), else the
+    default.  ``where`` names the source for error messages."""
+    given = getattr(config.option, opt.ini, None)
+    if given is not None:
+        return given, opt.flag
+    inifile = config.inipath.name if config.inipath else "the ini file"
+    where = f"{opt.ini} in {inifile}"
     try:
-        spec = impl.parse(opt("--zero3-impl"))
+        raw = config.getini(opt.ini)
+    except (TypeError, ValueError) as exc:  # a native TOML value of the wrong type
+        raise pytest.UsageError(f"{where}: {exc}") from None
+    if raw is None or isinstance(raw, (str, list)) and not raw:  # unset (older pytest: "" or [])
+        return opt.default, opt.flag
+    try:
+        value = opt.parse(raw)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{where} = {raw!r}: {exc}.") from None
+    if opt.path:
+        base = str(config.inipath.parent if config.inipath else config.invocation_params.dir)
+        value = _spec_from(base, value) if opt.name == "impl" else os.path.join(base, value)
+    return value, where
+
+
+def _spec_from(base: str, text: str) -> str:
+    """An ``impl`` value of an ini file, its paths made absolute against the ini file's directory."""
+    if text in ("installed", "reference"):
+        return text
+    if ":" in text and not os.path.isdir(os.path.join(base, text)):
+        module, _, cls_name = text.rpartition(":")
+        return f"{os.path.normpath(os.path.join(base, module))}:{cls_name}" if module.endswith(".py") else text
+    return os.path.normpath(os.path.join(base, text))
+
+
+def settings_from(config: pytest.Config) -> Settings:
+    """Validate the options; raise :class:`pytest.UsageError` naming the fix.  Changes nothing."""
+    values: Dict[str, Any] = {}
+    where: Dict[str, str] = {}
+    for opt in OPTIONS:
+        values[opt.name], where[opt.name] = _configured(config, opt)
+    try:
+        spec = impl.parse(values.pop("impl"))
         impl.check_version(spec)
     except impl.SpecError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    size = opt("--zero3-world-size")
-    if size < 1:
-        raise pytest.UsageError(f"--zero3-world-size={size}: a world needs at least 1 rank.")
-    timeout = opt("--zero3-timeout")
-    if not timeout > 0:
-        raise pytest.UsageError(f"--zero3-timeout={timeout:g}: give a positive number of seconds.")
-    startup = opt("--zero3-startup-timeout")
-    if not startup > 0:
-        raise pytest.UsageError(f"--zero3-startup-timeout={startup:g}: give a positive number of seconds.")
-    backend = opt("--zero3-backend")
-    if backend == "nccl":
+        source = where["impl"]
+        raise pytest.UsageError(str(exc) + ("" if source.startswith("--") else f" (set by {source})")) from None
+    settings = Settings(spec, **values)
+    if settings.backend == "nccl":
         gpus = gpu_count()
-        if gpus < size:
+        if gpus < settings.world_size:
+            size = settings.world_size
             raise pytest.UsageError(
                 f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
                 f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
             )
-    select = tuple(p.strip() for p in (opt("--zero3-select") or "").split(",") if p.strip())
-    return Settings(
-        spec,
-        size,
-        backend,
-        timeout,
-        startup,
-        select=select,
-        report=opt("--zero3-report"),
-        report_md=opt("--zero3-report-md"),
-        expect=opt("--zero3-expect"),
-        strict=bool(opt("--zero3-strict")),
-        examples=opt("--zero3-examples"),
-        seed=opt("--zero3-seed"),
-        shrink=opt("--zero3-shrink"),
-        replay=_replay(opt("--zero3-replay")),
-    )
+    return settings
 
 
-def _replay(value: Optional[str]) -> Optional[tuple]:
-    """The examples of ``--zero3-replay`` (checked here: a bad one is a usage error before any world)."""
-    if value is None:
-        return None
-    from pytest_zero3.fixtures import rule_batch
-
-    try:
-        return rule_batch.load_replay(value)
-    except ValueError as exc:
-        raise pytest.UsageError(f"--zero3-replay: {exc}") from None
-
-
-def settings(config) -> Settings:
+def settings(config: pytest.Config) -> Settings:
     """The session's validated settings (activating the session if needed): read options only here."""
-    session = config.pluginmanager.get_plugin("zero3-session")
-    session.activate()
-    return session.settings
+    session = cast("Zero3Session", config.pluginmanager.get_plugin("zero3-session"))
+    return session.activate()
 
 
-def asked(config, args=()) -> bool:
-    """Whether the run asked for pytest-zero3: a ``--zero3-*`` option on the command line (or in
+def asked(config: pytest.Config, args=()) -> bool:
+    """Whether the run asked for pytest-zero3 on its command line (ini settings alone do not: a fork's
+    own tests stay untouched): a ``--zero3-*`` option or the suite itself named in the arguments (or in
     addopts, given as ``args``), or, where pytest-xdist builds a worker's options without its command
-    line, an option that differs from its default."""
-    if any(str(a).startswith("--zero3-") for a in (*config.invocation_params.args, *args)):
+    line, an option that was given."""
+    if names_suite([*config.invocation_params.args, *args]):
         return True
-    return any(getattr(config.option, dest, default) != default for dest, default in DEFAULTS.items())
+    return any(getattr(config.option, opt.ini, None) is not None for opt in OPTIONS)
+
+
+def names_suite(args) -> bool:
+    """Whether ``args`` hold a ``--zero3-*`` option or name the conformance suite (``zero3-conformance``,
+    ``pytest --pyargs pytest_zero3.conformance``, ``pytest conformance/``)."""
+    args = [str(a) for a in args]
+    if any(a.startswith("--zero3-") for a in args):
+        return True
+    if "--pyargs" in args and any(a.split("::")[0].startswith("pytest_zero3.conformance") for a in args):
+        return True
+    from pytest_zero3 import registry
+
+    suite = os.path.dirname(os.path.realpath(registry.path()))
+    for a in args:
+        if a.startswith("-"):
+            continue
+        path = os.path.realpath(a.split("::")[0])
+        if path == suite or path.startswith(suite + os.sep):
+            return True
+    return False
 
 
 def gpu_count() -> int:
@@ -229,11 +405,9 @@ def gpu_count() -> int:
 
 def resolve_backend(settings: Settings, size: int) -> str:
     """The backend for a world of ``size`` ranks (DS_ACCELERATOR must match: see :func:`accelerator`)."""
-    backend = settings.backend
-    if backend == "auto":
-        backend = "nccl" if gpu_count() >= size else "gloo"
-    settings.resolved_backend = backend
-    return backend
+    if settings.backend != "auto":
+        return settings.backend
+    return "nccl" if gpu_count() >= size else "gloo"
 
 
 def accelerator(backend: str) -> str:

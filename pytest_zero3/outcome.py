@@ -125,7 +125,7 @@ def failure_text(outcomes: List[RankOutcome], title: str) -> str:
         f"  rank {o.rank}: {o.status}" + (f": {o.message.splitlines()[0]}" if o.message else "") for o in outcomes
     ]
     lines.append("")
-    groups = {}
+    groups: dict = {}
     for o in outcomes:
         if o.status != PASSED:
             groups.setdefault((o.status, o.message, _trim_harness_frames(o.traceback), o.log_tail), []).append(o)

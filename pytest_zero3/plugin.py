@@ -13,13 +13,17 @@ import atexit
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 import pytest
 
 from pytest_zero3 import launcher, markers, options, spawner
 
+if TYPE_CHECKING:
+    from pytest_zero3.report import Report
+
 PLUGIN_NAME = "zero3-session"
-_ASKED = pytest.StashKey()
+_ASKED: pytest.StashKey[bool] = pytest.StashKey()
 
 
 def pytest_addoption(parser):
@@ -29,10 +33,11 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """``pytest --zero3-impl=SPEC`` with no test path runs the conformance suite, from any directory
-    (also where an ini file's ``testpaths`` would pick other tests); given paths are left alone."""
-    asked = any(str(a).startswith("--zero3-") for a in args)
-    early_config.stash[_ASKED] = asked
-    if asked and not early_config.known_args_namespace.file_or_dir:
+    (also where an ini file's ``testpaths`` would pick other tests); given paths are left alone.  A run
+    that names the suite (``zero3-conformance``) is asked too, so its header shows what is under test;
+    ``zero3_*`` ini settings alone ask for nothing: a bare ``pytest`` in a fork runs the fork's tests."""
+    early_config.stash[_ASKED] = options.names_suite(args)
+    if any(str(a).startswith("--zero3-") for a in args) and not early_config.known_args_namespace.file_or_dir:
         from pytest_zero3 import registry
 
         args.append(os.path.dirname(registry.path()))
@@ -55,19 +60,21 @@ class Zero3Session:
 
     def __init__(self, config):
         self.config = config
-        self.settings = None
-        self.report = None  # set by activate(): the session is in use
-        self._undo = []  # callables restoring what start() changed, newest last
+        self.settings: Optional[options.Settings] = None
+        self.report: Optional[Report] = None  # set by activate(): the session is in use
+        self._undo: List[Callable[[], object]] = []  # callables restoring what start() changed, newest last
         self._started = False
 
     # -- life cycle ------------------------------------------------------------------------------
-    def activate(self) -> None:
+    def activate(self) -> options.Settings:
         """Validate the options and open the report (a :class:`pytest.UsageError` names the fix)."""
-        if self.report is not None:
-            return
+        if self.settings is not None:
+            return self.settings
         from pytest_zero3 import impl, report
 
         settings = options.settings_from(self.config)
+        if markers.distributing(self.config):  # its workers collect; a usage error there is an internal error
+            markers.check_select(settings.select)
         if settings.spec.kind == "class":
             # Checked before any world starts; importing the user's module may import deepspeed.
             self.start(options.resolve_backend(settings, settings.world_size), settings)
@@ -76,16 +83,17 @@ class Zero3Session:
             except impl.SpecError as exc:
                 raise pytest.UsageError(str(exc)) from None
         reports = not hasattr(self.config, "workerinput") and not (launcher.active() and launcher.rank() != 0)
-        self.settings, self.report = settings, report.Report(self.config, settings, reports=reports)
+        self.report = report.Report(self.config, settings, reports=reports)
+        self.settings = settings
+        return settings
 
-    def start(self, backend: str, settings=None) -> None:
+    def start(self, backend: str, settings: options.Settings) -> None:
         """First use: what the ranks need from this process; each change is undone by :meth:`stop`."""
         if self._started:
             return
         self._started = True
         from pytest_zero3 import impl
 
-        settings = settings or self.settings
         self._setdefault_env("DS_ACCELERATOR", options.accelerator(backend))
         self._setdefault_env("TORCH_EXTENSIONS_DIR", impl.extensions_dir(settings.spec))
         path = impl.import_path(settings.spec)
@@ -117,12 +125,11 @@ class Zero3Session:
             self._undo.append(lambda: os.environ.pop(key, None))
 
     def world(self, request, tmp_path_factory):
-        self.activate()
-        settings = self.settings
+        settings = self.activate()
         size = markers.world_size(request.node, settings.world_size)
         timeout = markers.timeout(request.node, settings.timeout)
         backend = options.resolve_backend(settings, size)
-        self.start(backend)
+        self.start(backend, settings)
         from pytest_zero3 import report
 
         record = report.recorder(request.node)
@@ -148,7 +155,7 @@ class Zero3Session:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
-        markers.check_contracts([i for i in items if i.get_closest_marker("zero3_contract")])
+        markers.check(items)
         if self.report is None and any(_uses_zero3(item) for item in items):
             self.activate()
         if self.report is None:
@@ -177,7 +184,8 @@ class Zero3Session:
         except BaseException as exc:
             from pytest_zero3 import expectations
 
-            judged = expectations.judge(*listed, exc)
+            cid, expectation = listed
+            judged = expectations.judge(cid, expectation, exc)
             if judged is None:
                 raise
             raise judged from exc
@@ -193,6 +201,7 @@ class Zero3Session:
     def pytest_runtest_logreport(self, report):
         if getattr(report, "zero3", None):  # also from an xdist worker: the controller collects nothing
             self.activate()
+            assert self.report is not None
             self.report.add(report)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):

@@ -11,12 +11,8 @@ import dataclasses
 import functools
 import importlib.util
 import os
-import sys
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on older Pythons only
-    import tomli as tomllib
+from pytest_zero3._compat import tomllib
 
 FIELDS = ("family", "statement", "source", "min_world_size")
 
@@ -33,6 +29,7 @@ class Contract:
 def path() -> str:
     """The registry file of the installed (or checked-out) conformance package."""
     spec = importlib.util.find_spec("pytest_zero3.conformance")
+    assert spec is not None and spec.submodule_search_locations is not None, "pytest_zero3.conformance is a package"
     return os.path.join(list(spec.submodule_search_locations)[0], "contracts.toml")
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from typing import Dict, List
 
 import pytest
 
@@ -66,7 +67,7 @@ _COLOURS = {
     Outcome.NOT_RUN: {"yellow": True},
 }
 
-_OUTCOMES = pytest.StashKey()
+_OUTCOMES: pytest.StashKey[list] = pytest.StashKey()
 
 
 class Report:
@@ -79,10 +80,12 @@ class Report:
         self.config, self.settings, self.reports = config, settings, reports
         self.expected = expectations.load(settings.expect)
         self.strict = settings.strict
-        self.rows = {}  # contract id -> row dict
-        self.identity = {}
-        self.write_errors = []  # one line per report file that could not be written at the end
-        self._pending = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
+        self.rows: Dict[str, dict] = {}  # contract id -> row dict
+        self.identity: dict = {}
+        self.write_errors: List[str] = []  # one line per report file that could not be written at the end
+        self._pending: Dict[
+            str, dict
+        ] = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
         if reports:
             for option, path in (("--zero3-report", settings.report), ("--zero3-report-md", settings.report_md)):
                 check_writable(option, path)
@@ -121,7 +124,7 @@ class Report:
         its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
         ``--zero3-strict`` its last test fails in teardown when every one of its tests passed
         (see :meth:`strict_teardown`)."""
-        tests = {}
+        tests: Dict[str, list] = {}
         for item in items:
             c = markers.contract(item)
             if c:
@@ -180,7 +183,7 @@ class Report:
             ranks = [dict(rank=o.rank, status=o.status, message=o.message, traceback=o.traceback) for o in outcomes]
             if any(o.status != "passed" for o in outcomes):
                 break
-        identity = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
+        identity: dict = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.WORLD_ERROR)
         rep.zero3 = dict(
             id=cid,
@@ -232,9 +235,7 @@ class Report:
 
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
-        info.update(
-            backend=self.settings.resolved_backend or self.settings.backend, world_size=self.settings.world_size
-        )
+        info.update(backend=self.settings.backend, world_size=self.settings.world_size)
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
         return info
 

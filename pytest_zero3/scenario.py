@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pytest
+from _pytest.outcomes import Skipped  # pytest.skip.Exception, named so type checkers see the class
 
 
-class Unsupported(pytest.skip.Exception):
+class Unsupported(Skipped):
     """The implementation under test does not offer what the contract needs.
 
     A kind of skip, so pytest reports it as one (SKIPPED with the reason, skipped in junitxml); the

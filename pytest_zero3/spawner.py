@@ -48,7 +48,7 @@ _LEFTOVER = re.compile(re.escape(_PREFIX) + r"(\d+)-(?:forkserver-)?(\d+)(?:\.pi
 def remove_leftovers(directory: str = "") -> List[str]:
     """Remove the temp files and directories of sessions of this user whose process is gone; return them."""
     directory = directory or tempfile.gettempdir()
-    removed = []
+    removed: List[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -24,6 +24,7 @@ import zlib
 from typing import Any, Callable, List, Optional, Set, Union
 
 import pytest
+from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
 
 from pytest_zero3 import impl, options, spawner
 from pytest_zero3 import rank as rank_mod
@@ -51,7 +52,7 @@ FORM_ATTEMPTS = 3
 _run_ids = itertools.count()
 
 
-class WorldFailure(pytest.fail.Exception):
+class WorldFailure(Failed):
     """A scenario did not pass on every rank; ``outcomes`` holds what each rank did.
 
     A pytest failure (``pytrace=False``): pytest shows the per-rank text itself, not this harness's
@@ -107,7 +108,7 @@ class World(BaseWorld):
         spec: Union[impl.Spec, str],
         base_dir: str,
         preload=(),
-        on_outcomes: Callable[[List[RankOutcome]], None] = None,
+        on_outcomes: Optional[Callable[[List[RankOutcome]], None]] = None,
         startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT,
     ):
         self.size, self.backend, self.timeout = size, backend, timeout
@@ -220,7 +221,7 @@ def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
     from multiprocessing.connection import wait  # not at import: it registers an atexit hook (a guest adds none)
 
     files = [rank_mod.paths(run_dir, r) for r in range(len(procs))]
-    outcomes: List[RankOutcome] = [None] * len(procs)
+    outcomes: List[RankOutcome] = [None] * len(procs)  # type: ignore[list-item]  # each rank's, by the end
     deadline = time.monotonic() + timeout
     first_failure_at = None
     while True:
@@ -267,7 +268,8 @@ def _stop_live(procs, files, outcomes, reason, timeout, waited) -> None:
             os.kill(procs[r].pid, rank_mod.STACK_SIGNAL)
         except ProcessLookupError:
             pass
-    pending, sizes = set(live), {}
+    pending = set(live)
+    sizes: dict = {}
     end = time.monotonic() + STACK_SECONDS
     while pending and time.monotonic() < end:
         for r in list(pending):

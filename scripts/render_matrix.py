@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+
+from packaging.version import Version
 
 START, END = "<!-- release-matrix:start -->", "<!-- release-matrix:end -->"
 DETAILS = "docs/release-matrix.md"
@@ -36,7 +37,7 @@ V1_WORDS = {"FAIL": "fail", "known failure": "known_failure", "unexpected pass":
 
 
 def version_key(v):
-    return tuple(int(p) for p in re.findall(r"\d+", v))
+    return Version(v)
 
 
 def load(reports, release):

@@ -90,14 +90,20 @@ def _normalised(result) -> list:
 
 
 def test_a_run_that_does_not_use_the_plugin_sees_no_change(pytester, monkeypatch):
-    """Why: installed next to DeepSpeed's own tests, the plugin must not change their runs."""
+    """Why: installed next to DeepSpeed's own tests (even with zero3_* settings in the fork's ini
+    file), the plugin must not change their runs."""
     pytester.makeconftest(PROBE_CONFTEST)
     pytester.makepyfile(test_plain=PLAIN_TEST)
     # The entry point loads it (the package is installed, as in CI); -p no:zero3 keeps it out.
     # A first run in a fresh directory registers one more atexit hook than later ones, plugin or
     # not (measured both ways round): a warm-up run settles that before the two compared runs.
+    # The run with the plugin also has a fork's zero3 ini settings (one of them unusable): settings
+    # alone ask for nothing, so a fork's own tests run as without the plugin.
+    ini = '[tool.pytest.ini_options]\npythonpath = ["."]\n'
+    pytester.makepyprojecttoml(ini)
     _run(pytester, monkeypatch, "warm-up", "-p", "no:zero3")
     without, unseen = _run(pytester, monkeypatch, "without", "-p", "no:zero3")
+    pytester.makepyprojecttoml(ini + 'zero3_impl = "reference"\nzero3_world_size = 1\nzero3_expect = "missing.toml"\n')
     with_plugin, seen = _run(pytester, monkeypatch, "with")
     assert with_plugin.ret == without.ret == 0, with_plugin.outlines
     assert _normalised(with_plugin) == _normalised(without)

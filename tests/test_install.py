@@ -121,6 +121,14 @@ def test_wheel_adds_only_pytest_zero3(tmp_path):
         "pytest_zero3/fixtures/family_000.py",
         "pytest_zero3/reference_impl/install.py",
         "pytest_zero3/plugin.py",
+        "pytest_zero3/py.typed",
     ):
         assert needed in names, f"{needed} missing from the wheel"
+    # One version source: the wheel's version is pytest_zero3.__version__, its dependencies declared.
+    import pytest_zero3
+
+    assert wheel.name.split("-")[1] == pytest_zero3.__version__
+    dist_info = wheel.name.split("-")[0] + "-" + pytest_zero3.__version__ + ".dist-info"
+    meta = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
+    assert "Requires-Dist: packaging" in meta and 'Requires-Dist: tomli>=1.1; python_version < "3.11"' in meta
     assert not any("__pycache__" in n for n in names)
