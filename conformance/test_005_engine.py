@@ -45,7 +45,8 @@ def test_engine_lifecycle_hooks(zero3_world):
     """Sweeps, notebooks and RL trainers wrap the same model several times and remove and re-add
     ZeRO-3's hooks around generation.  ``destroy()`` must remove every hook ZeRO-3 registered (module
     forward and backward hooks, each param's gradient-accumulation hook); a second wrap or a
-    re-registration must register each hook once, so nothing fires twice, and train like plain torch.
+    re-registration must register each hook once, so nothing fires twice, drop the trace recorded
+    under the old hooks (DeepSpeed PR 8043), and train like plain torch.
 
     Not counted: the engine's own forward pre/post hooks on the root module (timers, forward
     prologue), which ``DeepSpeedEngine.destroy()`` does not remove in any release tested."""
