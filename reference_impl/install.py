@@ -146,6 +146,11 @@ def _offload_destroy(original):
     @functools.wraps(original)
     def destroy(self):
         original(self)
+        # the reference coordinator's grad-mode probe is a root hook too: destroy() removes every hook
+        probe = getattr(self.get_param_coordinator(), "_grad_probe", None)
+        if probe is not None:
+            probe.remove()
+            self.get_param_coordinator()._grad_probe = None
         stack = parameter_offload.FWD_MODULE_STACK
         if isinstance(stack, WeakModuleStack):
             stack.discard(self.module)

@@ -1,0 +1,73 @@
+"""Family 005: the DeepSpeed engine around the coordinator.
+
+A fork ships the coordinator together with the hooks that drive it (``parameter_offload.py``),
+partitioning and ``GatheredParameters`` (``partition_parameters.py``), the stage-3 gradient path
+(``stage3.py``) and checkpoint conversion (``zero_to_fp32.py``).  Each contract drives one of those
+paths in the forms real models and training loops use and compares with plain torch or with the
+weights the run trained.  Scenarios: :mod:`pytest_zero3.fixtures.family_005`.
+
+Tolerance: the baseline family's (1e-5 relative, 1e-6 absolute, elementwise) on gradients, losses and
+weights; a hook that does not fire or a misplaced partition moves a value by far more.
+"""
+
+import pytest
+
+from pytest_zero3.fixtures import family_005 as f5
+
+
+def _assert_none(problems, what):
+    problems = [p for p in problems if p]
+    assert not problems, f"{what}:\n" + "\n".join(problems)
+
+
+@pytest.mark.zero3_contract("005-a")
+def test_container_and_no_grad_outputs(zero3_world):
+    """Models return tuples, lists, dicts, namedtuples, dataclasses and nests of them, and modules
+    whose outputs need no grad (a frozen input layer, a gate computed under no_grad).  DeepSpeed
+    must find every output tensor to hook its module's backward: a missed one leaves the module's
+    params partitioned while autograd needs them, or gathered after backward."""
+    variants = [(f5.ContainerNet.KINDS, None), (f5.ContainerNet.KINDS, f5.PREFETCH_ON)]
+    results = zero3_world.run(f5.container_runs, variants)
+    _assert_none([line for rank in results for line in rank], "container or no-grad outputs under ZeRO-3")
+
+
+@pytest.mark.zero3_contract("005-b")
+def test_gathered_parameters(zero3_world):
+    """``GatheredParameters`` is how users read, initialise and edit ZeRO-3 weights: read-only, nested,
+    and with ``modifier_rank`` (the last rank edits).  Each exit partitions the context's params again
+    and leaves an enclosing context's params gathered; an edit is seen by every rank."""
+    results = zero3_world.run(f5.gathered_parameters)
+    _assert_none([line for rank in results for line in rank["problems"]], "GatheredParameters")
+
+
+@pytest.mark.zero3_contract("005-c")
+def test_engine_lifecycle_hooks(zero3_world):
+    """Sweeps, notebooks and RL trainers wrap the same model several times and remove and re-add
+    ZeRO-3's hooks around generation.  ``destroy()`` must remove every hook ZeRO-3 registered (module
+    forward and backward hooks, each param's gradient-accumulation hook); a second wrap or a
+    re-registration must register each hook once, so nothing fires twice, drop the trace recorded
+    under the old hooks (DeepSpeed PR 8043), and train like plain torch.
+
+    Not counted: the engine's own forward pre/post hooks on the root module (timers, forward
+    prologue), which ``DeepSpeedEngine.destroy()`` does not remove in any release tested."""
+    results = zero3_world.run(f5.lifecycle)
+    _assert_none([line for rank in results for line in rank["problems"]], "engine lifecycle")
+
+
+@pytest.mark.zero3_contract("005-d")
+def test_gradient_path(zero3_world):
+    """Every weight and bias of the model has an odd number of elements (uneven partitions), with
+    two micro-batches per step, a reduce bucket smaller than one param (each gradient reduced alone)
+    and one larger than the model (all reduced together)."""
+    variants = [(10, 2), (100_000_000, 2)]
+    results = zero3_world.run(f5.gradient_paths, variants)
+    _assert_none([line for rank in results for line in rank], "the stage-3 gradient path")
+
+
+@pytest.mark.zero3_contract("005-e")
+def test_conversions(zero3_world, tmp_path):
+    """``zero_to_fp32`` and ``save_16bit_model`` rebuild full tensors from shards: with uneven
+    partitions each shard carries padding that must be cut at the right place, a tied param appears
+    under two names, and frozen params travel outside the optimizer."""
+    results = zero3_world.run(f5.conversions, str(tmp_path / "out"))
+    _assert_none([line for rank in results for line in rank["problems"]], "checkpoint conversions")
