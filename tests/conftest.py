@@ -106,7 +106,3 @@ def run_suite(run_pytest):
         return run_pytest(str(ROOT / "conformance"), f"--zero3-impl={impl}", f"--zero3-select={select}", *extra)
 
     return run
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than about 20 s (whole suite runs in a subprocess)")
