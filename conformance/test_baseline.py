@@ -23,6 +23,7 @@ import pytest
 
 from pytest_zero3.fixtures import family_base as fb
 from pytest_zero3.fixtures.models import linear_numel
+from pytest_zero3.fixtures.models_extra import FIRST_BLOCK_LEAF_THRESHOLD
 
 PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
 PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
@@ -241,3 +242,42 @@ EVAL_GATHER_CONFIGS = (
     {"stage3_max_reuse_distance": 0, **PREFETCH_ONE_LAYER},
     {"stage3_max_reuse_distance": 2 * linear_numel(), "stage3_prefetch_bucket_size": linear_numel() - 1},
 )
+
+
+@pytest.mark.zero3_contract("base-j")
+def test_z3_leaf_first_block(zero3_world):
+    """A z3 leaf as the *first* block (``models_extra.first_block_model``): its input is the raw batch,
+    which has no grad.
+
+    The leaf is set both ways DeepSpeed offers: ``set_z3_leaf_modules`` and
+    ``stage3_module_granularity_threshold``, each with prefetch off and on.  ZeRO-3 reduces a leaf's
+    gradients from a full backward hook on the leaf; with no input requiring grad, torch fires that hook
+    when the output's gradient is known, before the leaf's parameter gradients exist.  The run must
+    still train like plain torch and leave nothing gathered after each step.
+    """
+    threshold = {"stage3_module_granularity_threshold": FIRST_BLOCK_LEAF_THRESHOLD}
+    runs = [
+        ("first_leaf", {}),
+        ("first_leaf", {"zero": PREFETCH_DEFAULT}),
+        ("first_block", {"zero": threshold}),
+        ("first_block", {"zero": {**threshold, **PREFETCH_DEFAULT}}),
+    ]
+    labels = [
+        "set_z3_leaf_modules",
+        "set_z3_leaf_modules, prefetch 5e7",
+        "granularity threshold",
+        "threshold, prefetch 5e7",
+    ]
+    results = _rank0(zero3_world.run(fb.parity_many, runs))
+    for result, label in zip(results, labels):
+        assert result["z3_leaves"] == ["0"], (
+            f"scenario precondition ({label}): expected the first block ('0') as the only z3 leaf, got {result['z3_leaves']}"
+        )
+    bad = [
+        f"{label}, after step {s}: {v}"
+        for result, label in zip(results, labels)
+        for s, lines in enumerate(result["lifecycle"])
+        for v in lines
+    ]
+    assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
+    _assert_parity(results, [f"z3 leaf on the first block, {label}" for label in labels])

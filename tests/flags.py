@@ -148,7 +148,7 @@ CASES = (
     Case(
         "stale_gather_cache.py:StaleGatherCache",
         "DeepSpeed's coordinator serving stale gathered copies",
-        frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h", "base-i"}),
+        frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h", "base-i", "base-j"}),
         "base",
     ),
     # family rule: each a realistic mistake the hand-written contracts miss (exactly these IDs fail)
