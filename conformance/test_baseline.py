@@ -124,9 +124,10 @@ def test_released_after_every_step(zero3_world):
     """Read after ``engine.step()`` in configurations that stress release.
 
     Prefetch at the default bucket (params gathered far ahead), tied weights (two consumers), a z3
-    leaf, and non-reentrant activation checkpointing over a frozen layer (backward re-runs the
+    leaf, non-reentrant activation checkpointing over a frozen layer (backward re-runs the
     forward, and DeepSpeed attributes frozen params to the recomputing module through
-    ``ds_recompute_parameters``).  Anything still gathered or claimed after the step is memory
+    ``ds_recompute_parameters``), and a frozen first layer gathered together with trainable ones
+    (under hpZ the frozen one keeps its secondary shard across the step, the others do not).  Anything still gathered or claimed after the step is memory
     ZeRO-3 promised to free, and a claim blocks the next ``partition()``.
     """
     runs = [
@@ -135,6 +136,7 @@ def test_released_after_every_step(zero3_world):
         ("leaf", {"zero": PREFETCH_ONE_LAYER}),
         ("ckpt", {}),
         ("ckpt", {"zero": PREFETCH_DEFAULT}),
+        ("frozen_first", {"zero": PREFETCH_DEFAULT}),
     ]
     results = _rank0(zero3_world.run(fb.parity_many, runs))
     labels = [f"{m}, zero={kw.get('zero', {})}" for m, kw in runs]

@@ -29,6 +29,8 @@ DEFAULTS = dict(
     zero3_report_md=None,
     zero3_expect=None,
     zero3_strict=False,
+    zero3_profile=None,
+    zero3_config=None,
 )
 
 
@@ -117,6 +119,20 @@ def add_options(parser) -> None:
         metavar="N",
         help="Worlds the rule family may start to shrink a failing example (0: report it unshrunk).",
     )
+    group.addoption(
+        "--zero3-profile",
+        default=None,
+        metavar="NAME[,NAME]|all",
+        help="Config profiles the contracts run under: fp32 (default), bf16-offload, hpz, zinit, compile, "
+        "and the GPU-only fp16, qwz, qgz, deepcompile; 'all' runs every one (fixtures/profiles.py).",
+    )
+    group.addoption(
+        "--zero3-config",
+        default=None,
+        metavar="FILE",
+        help="A DeepSpeed config (JSON or YAML) overlaid onto every contract's config, except the keys "
+        "the contract is about.",
+    )
 
 
 @dataclasses.dataclass
@@ -137,6 +153,9 @@ class Settings:
     seed: Optional[int] = None  # rule family: seed (None: derandomised)
     shrink: int = 6  # rule family: worlds a shrink may start
     resolved_backend: str = ""  # set when the first world starts
+    profiles: tuple = ("fp32",)  # config profiles (fixtures/profiles.py)
+    config_file: Optional[str] = None  # --zero3-config
+    config_overlay: Optional[dict] = None  # its contents
 
 
 def settings_from(config) -> Settings:
@@ -165,6 +184,14 @@ def settings_from(config) -> Settings:
                 f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
             )
     select = tuple(p.strip() for p in (opt("--zero3-select") or "").split(",") if p.strip())
+    from pytest_zero3.fixtures import profiles
+
+    config_file = opt("--zero3-config")
+    try:
+        names = profiles.parse_names(opt("--zero3-profile"))
+        overlay = profiles.load_config_file(config_file) if config_file else None
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     return Settings(
         spec,
         size,
@@ -179,6 +206,9 @@ def settings_from(config) -> Settings:
         examples=opt("--zero3-examples"),
         seed=opt("--zero3-seed"),
         shrink=opt("--zero3-shrink"),
+        profiles=names,
+        config_file=config_file,
+        config_overlay=overlay,
     )
 
 

@@ -19,6 +19,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 BAD = ROOT / "tests" / "bad_coordinators"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than about 20 s (several worlds); CI may deselect it")
+
+
 class Run:
     def __init__(self, proc, report_path):
         self.returncode, self.stdout = proc.returncode, proc.stdout
