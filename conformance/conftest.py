@@ -6,6 +6,8 @@ With the default profile alone (``fp32``) nothing is parametrised and test IDs s
 not run.  Every world of a contract runs its scenario under that profile and the user's config overlay.
 """
 
+import copy
+
 import pytest
 
 from pytest_zero3 import options
@@ -100,5 +102,16 @@ class ProfileWorld:
         other = self._world.resized(size)
         return None if other is None else ProfileWorld(other, self.profile, self._user)
 
-    def __getattr__(self, name):
+    def __copy__(self):
+        return ProfileWorld(copy.copy(self._world), self.profile, self._user)
+
+    def __getattr__(self, name):  # size, backend, base_dir, ...: the wrapped world's
+        if name.startswith("__") or "_world" not in self.__dict__:
+            raise AttributeError(name)
         return getattr(self._world, name)
+
+    def __setattr__(self, name, value):
+        if name in ("_world", "profile", "_user"):
+            object.__setattr__(self, name, value)
+        else:  # e.g. a test resizing its copy of the world
+            setattr(self._world, name, value)

@@ -80,3 +80,14 @@ def test_profiles_show_in_test_ids_and_default_ids_stay(run_pytest):
         "test_mlp_parity_prefetch_off[bf16-offload]",
         "test_mlp_parity_prefetch_off[hpz]",
     ], run.stdout[-2000:]
+
+
+def test_report_header_and_implementation_fields():
+    """What the report shows: the profiles, and the overlay file with the keys it sets."""
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(profiles=("fp32",), config_file=None, config_overlay=None)
+    assert profiles.report_header(settings) == "profiles: fp32"
+    assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None}
+    settings = SimpleNamespace(profiles=("hpz",), config_file="ds.yaml", config_overlay={"bf16": {"enabled": True}})
+    assert profiles.report_implementation(settings)["config_overlay"] == {"file": "ds.yaml", "keys": ["bf16.enabled"]}
