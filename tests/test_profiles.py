@@ -90,3 +90,15 @@ def test_report_header_and_implementation_fields():
     assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None}
     settings = SimpleNamespace(profiles=("hpz",), config_file="ds.yaml", config_overlay={"bf16": {"enabled": True}})
     assert profiles.report_implementation(settings)["config_overlay"] == {"file": "ds.yaml", "keys": ["bf16.enabled"]}
+
+
+@pytest.mark.slow
+def test_a_config_key_the_implementation_rejects_makes_the_contract_unsupported(run_suite, tmp_path):
+    """--zero3-config reaches every rank's config; a key deepspeed rejects is named, not a failure."""
+    config = tmp_path / "fork.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage3_bogus_key": 1}}))
+    run = run_suite("reference", "base-a", f"--zero3-config={config}")
+    row = {c["id"]: c for c in run.report["contracts"]}["base-a"] if run.report else None
+    assert row and row["outcome"] == "unsupported", run.stdout[-3000:]
+    assert "rejects zero_optimization.stage3_bogus_key" in row["reason"], row["reason"]
+    assert run.returncode == 0, run.stdout[-3000:]
