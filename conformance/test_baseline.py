@@ -23,6 +23,7 @@ import pytest
 
 from pytest_zero3.fixtures import family_base as fb
 from pytest_zero3.fixtures.models import linear_numel
+from pytest_zero3.fixtures.models_extra import FIRST_BLOCK_LEAF_THRESHOLD
 
 PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
 PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
@@ -123,9 +124,10 @@ def test_released_after_every_step(zero3_world):
     """Read after ``engine.step()`` in configurations that stress release.
 
     Prefetch at the default bucket (params gathered far ahead), tied weights (two consumers), a z3
-    leaf, and non-reentrant activation checkpointing over a frozen layer (backward re-runs the
+    leaf, non-reentrant activation checkpointing over a frozen layer (backward re-runs the
     forward, and DeepSpeed attributes frozen params to the recomputing module through
-    ``ds_recompute_parameters``).  Anything still gathered or claimed after the step is memory
+    ``ds_recompute_parameters``), and a frozen first layer gathered together with trainable ones
+    (under hpZ the frozen one keeps its secondary shard across the step, the others do not).  Anything still gathered or claimed after the step is memory
     ZeRO-3 promised to free, and a claim blocks the next ``partition()``.
     """
     runs = [
@@ -134,6 +136,7 @@ def test_released_after_every_step(zero3_world):
         ("leaf", {"zero": PREFETCH_ONE_LAYER}),
         ("ckpt", {}),
         ("ckpt", {"zero": PREFETCH_DEFAULT}),
+        ("frozen_first", {"zero": PREFETCH_DEFAULT}),
     ]
     results = _rank0(zero3_world.run(fb.parity_many, runs))
     labels = [f"{m}, zero={kw.get('zero', {})}" for m, kw in runs]
@@ -231,6 +234,8 @@ def test_gather_after_eval_forward(zero3_world):
                     problems.append(f"{where}: GatheredParameters raised {row['error']}")
         for row in runs[0]:
             weights = {"losses": [], "missing": [], "weights": row.get("weights", [])}
+            if "tolerance" in row:  # the rank's dtype chose it (fixtures/profiles.py)
+                weights["tolerance"] = tuple(row["tolerance"])
             problems += fb.parity_problems(weights, f"{zero}: weights gathered after the {row['after']}")
     assert not problems, "\n".join(problems)
 
@@ -241,3 +246,42 @@ EVAL_GATHER_CONFIGS = (
     {"stage3_max_reuse_distance": 0, **PREFETCH_ONE_LAYER},
     {"stage3_max_reuse_distance": 2 * linear_numel(), "stage3_prefetch_bucket_size": linear_numel() - 1},
 )
+
+
+@pytest.mark.zero3_contract("base-j")
+def test_z3_leaf_first_block(zero3_world):
+    """A z3 leaf as the *first* block (``models_extra.first_block_model``): its input is the raw batch,
+    which has no grad.
+
+    The leaf is set both ways DeepSpeed offers: ``set_z3_leaf_modules`` and
+    ``stage3_module_granularity_threshold``, each with prefetch off and on.  ZeRO-3 reduces a leaf's
+    gradients from a full backward hook on the leaf; with no input requiring grad, torch fires that hook
+    when the output's gradient is known, before the leaf's parameter gradients exist.  The run must
+    still train like plain torch and leave nothing gathered after each step.
+    """
+    threshold = {"stage3_module_granularity_threshold": FIRST_BLOCK_LEAF_THRESHOLD}
+    runs = [
+        ("first_leaf", {}),
+        ("first_leaf", {"zero": PREFETCH_DEFAULT}),
+        ("first_block", {"zero": threshold}),
+        ("first_block", {"zero": {**threshold, **PREFETCH_DEFAULT}}),
+    ]
+    labels = [
+        "set_z3_leaf_modules",
+        "set_z3_leaf_modules, prefetch 5e7",
+        "granularity threshold",
+        "threshold, prefetch 5e7",
+    ]
+    results = _rank0(zero3_world.run(fb.parity_many, runs))
+    for result, label in zip(results, labels):
+        assert result["z3_leaves"] == ["0"], (
+            f"scenario precondition ({label}): expected the first block ('0') as the only z3 leaf, got {result['z3_leaves']}"
+        )
+    bad = [
+        f"{label}, after step {s}: {v}"
+        for result, label in zip(results, labels)
+        for s, lines in enumerate(result["lifecycle"])
+        for v in lines
+    ]
+    assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
+    _assert_parity(results, [f"z3 leaf on the first block, {label}" for label in labels])

@@ -102,6 +102,12 @@ def _replay(value: Any) -> tuple:
     return rule_batch.load_replay(str(value))
 
 
+def _profiles(value: Any) -> Tuple[str, ...]:
+    from pytest_zero3.fixtures import profiles
+
+    return profiles.parse_names(str(value))
+
+
 def _flag(value: Any) -> bool:
     text = str(value).strip().lower()
     if text in ("1", "true", "yes", "on"):
@@ -242,6 +248,23 @@ OPTIONS: Tuple[Option, ...] = (
         "(its failure prints the command), or an example's JSON.",
         metavar="FILE|JSON",
     ),
+    Option(
+        "profile",
+        _profiles,
+        ("fp32",),
+        "Config profiles the contracts run under: fp32 (default), bf16-offload, hpz, zinit, compile, "
+        "and the GPU-only fp16, qwz, qgz, deepcompile; 'all' runs every one (fixtures/profiles.py).",
+        metavar="NAME[,NAME]|all",
+    ),
+    Option(
+        "config",
+        _text,
+        None,
+        "A DeepSpeed config (JSON or YAML) overlaid onto every contract's config, except the keys "
+        "the contract is about.",
+        metavar="FILE",
+        path=True,
+    ),
 )
 
 
@@ -299,6 +322,8 @@ class Settings:
     seed: Optional[int]  # rule family: seed (None: derandomised)
     shrink: int  # rule family: worlds a shrink may start
     replay: Optional[tuple]  # rule family: the examples to run instead of anchors + drawn ones
+    profile: Tuple[str, ...]  # config profiles (fixtures/profiles.py)
+    config: Optional[str]  # a DeepSpeed config file overlaid onto every contract's config
 
 
 def _configured(config: pytest.Config, opt: Option) -> Tuple[Any, str]:
@@ -356,6 +381,13 @@ def settings_from(config: pytest.Config) -> Settings:
                 f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
                 f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
             )
+    if settings.config:
+        from pytest_zero3.fixtures import profiles
+
+        try:
+            profiles.load_config_file(settings.config)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{exc} (set by {where['config']})") from None
     return settings
 
 

@@ -100,6 +100,10 @@ class Report:
         ]
         if settings.spec.kind == "class":
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
+        if settings.profile != ("fp32",) or settings.config:
+            from pytest_zero3.fixtures import profiles
+
+            lines.append("zero3: " + profiles.report_header(settings))
         return lines
 
     def check_expectations(self, items) -> None:
@@ -236,6 +240,9 @@ class Report:
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
         info.update(backend=self.settings.backend, world_size=self.settings.world_size)
+        from pytest_zero3.fixtures import profiles
+
+        info.update(profiles.report_implementation(self.settings))
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
         return info
 

@@ -18,6 +18,9 @@
   param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it);
 * ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
   (:mod:`pytest_zero3.reference_impl.checkpoint`);
+* ``DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks``: a z3 leaf module fed an input
+  without grad gets a grad-requiring alias of it, so its gradient hook fires after its parameters'
+  gradients (:mod:`pytest_zero3.reference_impl.leaf`);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 
@@ -39,6 +42,7 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
+from .leaf import create_hooks_with_grad_alias
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
 
 _saved = {}  # original objects while installed; empty when not installed
@@ -199,6 +203,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
         leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
         partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
         universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
+        leaf_hooks=DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks,
         runtime_get_zero_config=ds_runtime_config.get_zero_config,
         zero_get_zero_config=ds_zero_config.get_zero_config,
     )
@@ -209,6 +214,9 @@ def install(coordinator=ReferenceCoordinator) -> None:
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
     DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
     DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = load_universal_with_frozen(_saved["universal"])
+    DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = create_hooks_with_grad_alias(
+        _saved["leaf_hooks"]
+    )
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
 
@@ -225,6 +233,7 @@ def uninstall() -> None:
     DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
     DeepSpeedZeRoOffload.partition_all_parameters = _saved["partition_all"]
     DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = _saved["universal"]
+    DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = _saved["leaf_hooks"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
     _saved.clear()

@@ -13,6 +13,8 @@
 # 3. Exercises the CUDA-event timing path of the adaptive prefetch controller: contract 003-g (every
 #    all-gather delayed on the device) must pass on the reference and flag a controller that times
 #    waits with host timers (tests/test_flags_003g.py; needs 2 GPUs).
+# 4. Runs the GPU-only config profiles (fixtures/profiles.py: fp16, qwz, qgz, deepcompile; CPU runs
+#    report them unsupported) against the reference: reports/gpu-profiles.{json,md}.
 # Exit status: non-zero when any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +63,11 @@ installed=$?
 # 003-g and its known-bad host-timer controller (skipped, with the reason, on fewer than 2 GPUs)
 python -m pytest tests/test_flags_003g.py -p no:cacheprovider -rs "$@"
 timing=$?
-echo "gpu-check: $gpus GPU(s); reference exit $reference, installed exit $installed, 003-g timing tests exit $timing;" \
-     "reports in reports/gpu-*"
-exit $(( reference || installed || timing ))
+# the GPU-only profiles (qgz needs ranks on several nodes to quantize anything: on one node it tests
+# the fallback to reduce-scatter only)
+python -m pytest "${common[@]}" --zero3-impl=reference --zero3-profile=fp16,qwz,qgz,deepcompile \
+    --zero3-report=reports/gpu-profiles.json --zero3-report-md=reports/gpu-profiles.md "$@"
+profiles=$?
+echo "gpu-check: $gpus GPU(s); reference exit $reference, installed exit $installed, 003-g timing tests exit $timing," \
+     "GPU-only profiles exit $profiles; reports in reports/gpu-*"
+exit $(( reference || installed || timing || profiles ))

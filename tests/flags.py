@@ -41,6 +41,14 @@ def _diverges_without_hanging(run) -> None:
     assert "still running after" not in run.stdout, f"003-b caught the divergence only as a hang:\n{run.stdout[-4000:]}"
 
 
+def _fp32_passes_hpz_fails(test: str):
+    def check(run) -> None:
+        assert f"{test}[fp32] PASSED" in run.stdout, f"{test} must pass under fp32:\n{run.stdout[-4000:]}"
+        assert f"{test}[hpz] FAILED" in run.stdout, f"{test} must fail under hpz:\n{run.stdout[-4000:]}"
+
+    return check
+
+
 #: The coordinator families (004 judges DeepSpeed's save path, not the coordinator), the rule family on
 #: its fixed anchors only and unshrunk: the flag tests need the IDs, not a reproducer.
 COORDINATOR_FAMILIES = "000,001,002,003,base,rule"
@@ -148,8 +156,17 @@ CASES = (
     Case(
         "stale_gather_cache.py:StaleGatherCache",
         "DeepSpeed's coordinator serving stale gathered copies",
-        frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h", "base-i"}),
+        frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h", "base-i", "base-j"}),
         "base",
+    ),
+    # profile hpz: only a world with secondary shards can show it; base-e (fp32 only) is the control
+    Case(
+        "hpz_mixed_gather.py:HpzMixedGather",
+        "hpZ: params with and without a secondary shard all-gathered in one call",
+        frozenset({"base-f"}),
+        "base-e,base-f",
+        check=_fp32_passes_hpz_fails("test_released_after_every_step"),
+        extra=("--zero3-profile=fp32,hpz", "-v"),
     ),
     # family rule: each a realistic mistake the hand-written contracts miss (exactly these IDs fail)
     Case(

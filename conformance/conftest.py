@@ -1,0 +1,117 @@
+"""Config profiles and the user's ``--zero3-config`` for the conformance suite (``fixtures/profiles.py``).
+
+With the default profile alone (``fp32``) nothing is parametrised and test IDs stay as they are.  With
+``--zero3-profile=NAME[,NAME]|all`` each contract runs once per selected profile that applies to it
+(``profiles.CONTRACTS``), its test ID ending in ``[NAME]``; a contract no selected profile applies to is
+not run.  Every world of a contract runs its scenario under that profile and the user's config overlay.
+"""
+
+import copy
+
+import pytest
+
+from pytest_zero3 import options
+from pytest_zero3.fixtures import profiles
+
+#: Added to a bf16-offload test: the forkserver imports it, building DeepSpeedCPUAdam there once (under
+#: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.
+CPU_ADAM_PRELOAD = "pytest_zero3.fixtures.cpu_adam_op"
+
+
+def _contract(definition) -> str:
+    mark = definition.get_closest_marker("zero3_contract") if hasattr(definition, "get_closest_marker") else None
+    if mark is None:
+        for m in getattr(definition, "pytestmark", []):
+            if m.name == "zero3_contract":
+                mark = m
+    if mark is None:
+        return ""
+    return mark.args[0] if mark.args else mark.kwargs.get("id", "")
+
+
+def pytest_generate_tests(metafunc):
+    if "zero3_world" not in metafunc.fixturenames:
+        return
+    names = options.settings(metafunc.config).profile
+    if names == (profiles.DEFAULT,):
+        return
+    cid = _contract(metafunc.definition)
+    params = []
+    for name in names:
+        if not profiles.applies(name, cid):
+            continue
+        marks = [pytest.mark.zero3_preload(CPU_ADAM_PRELOAD)] if name == "bf16-offload" else []
+        params.append(pytest.param(name, id=name, marks=marks))
+    if not params:
+        params = [pytest.param(None, id="no-profile", marks=pytest.mark.zero3_no_profile)]
+    metafunc.parametrize("zero3_profile", params, indirect=True)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "zero3_no_profile: no selected --zero3-profile applies (deselected)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    drop = [item for item in items if item.get_closest_marker("zero3_no_profile")]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if item not in drop]
+
+
+@pytest.fixture
+def zero3_profile(request):
+    """The profile this test runs under (``fp32`` unless ``--zero3-profile`` parametrised it)."""
+    return getattr(request, "param", None) or profiles.DEFAULT
+
+
+@pytest.fixture
+def zero3_world(zero3_world, zero3_profile, request):
+    """The plugin's world, running every scenario under ``zero3_profile`` and ``--zero3-config``."""
+    settings = options.settings(request.config)
+    profile = profiles.PROFILES[zero3_profile]
+    world = zero3_world
+    if profile.min_world_size > getattr(world, "size", profile.min_world_size) and hasattr(world, "resized"):
+        world = world.resized(profile.min_world_size) or world  # nccl short of GPUs: the rank says so
+    return ProfileWorld(world, zero3_profile, profiles.config_overlay(settings))
+
+
+class ProfileWorld:
+    """A world whose :meth:`run` wraps the scenario in :func:`profiles.call` on every rank."""
+
+    def __init__(self, world, profile: str, user: dict):
+        self._world, self.profile, self._user = world, profile, user
+
+    def run(self, fn, *args, **kwargs):
+        self._check_device()
+        return self._world.run(profiles.call, self.profile, self._user, fn, args, kwargs)
+
+    def outcomes(self, fn, *args, **kwargs):
+        self._check_device()
+        return self._world.outcomes(profiles.call, self.profile, self._user, fn, args, kwargs)
+
+    def _check_device(self):
+        """A GPU-only profile on a CPU world: unsupported before any rank starts (the ranks check too)."""
+        profile = profiles.PROFILES[self.profile]
+        if profile.gpu_only and getattr(self._world, "backend", "nccl") != "nccl":
+            from pytest_zero3.scenario import Unsupported
+
+            raise Unsupported(f"profile {profile.name}: {profile.gpu_only}")
+
+    def resized(self, size):
+        other = self._world.resized(size)
+        return None if other is None else ProfileWorld(other, self.profile, self._user)
+
+    def __copy__(self):
+        return ProfileWorld(copy.copy(self._world), self.profile, self._user)
+
+    def __getattr__(self, name):  # size, backend, base_dir, ...: the wrapped world's
+        if name.startswith("__") or "_world" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self._world, name)
+
+    def __setattr__(self, name, value):
+        if name in ("_world", "profile", "_user"):
+            object.__setattr__(self, name, value)
+        else:  # e.g. a test resizing its copy of the world
+            setattr(self._world, name, value)

@@ -1,0 +1,106 @@
+"""Config profiles and --zero3-config (fixtures/profiles.py): names, the overlay's precedence, usage
+errors before any world starts, and test IDs.  The known-bad coordinator that only hpZ shows is a
+case of tests/flags.py (hpz_mixed_gather)."""
+
+import json
+
+import pytest
+
+from pytest_zero3.fixtures import profiles
+
+
+def test_profile_names_parse_and_unknown_ones_name_the_choices():
+    assert profiles.parse_names(None) == ("fp32",)
+    assert profiles.parse_names("hpz, zinit,hpz") == ("hpz", "zinit")
+    assert profiles.parse_names("all") == tuple(profiles.PROFILES)
+    with pytest.raises(ValueError, match="unknown profile nope; choose from fp32, bf16-offload"):
+        profiles.parse_names("fp32,nope")
+
+
+def test_every_profile_runs_only_registered_contracts():
+    from pytest_zero3 import registry
+
+    known = set(registry.load())
+    assert set(profiles.CONTRACTS) == set(profiles.PROFILES) - {"fp32"}
+    for name, ids in profiles.CONTRACTS.items():
+        assert ids and ids <= known, f"profile {name} names unregistered contracts {sorted(ids - known)}"
+
+
+def test_overlay_precedence_user_then_profile_then_contract(monkeypatch):
+    """The user's file sets what no one owns; the profile overrides it; the contract's own keys win."""
+    user = {
+        "zero_optimization": {"overlap_comm": False, "stage3_max_reuse_distance": 7, "sub_group_size": 100},
+        "gradient_clipping": 5.0,
+        "bf16": {"enabled": False},
+    }
+    monkeypatch.setitem(profiles._active, "profile", profiles.PROFILES["bf16-offload"])
+    monkeypatch.setitem(profiles._active, "user", user)
+    monkeypatch.setitem(profiles._active, "owned", [])
+    base = {"gradient_clipping": 0.0, "zero_optimization": {"stage": 3}}
+    cfg = profiles.overlay(base, {"zero_optimization": {"sub_group_size": 5}})
+    zero = cfg["zero_optimization"]
+    assert zero["overlap_comm"] is False  # the user's, owned by no one
+    assert "stage3_max_reuse_distance" not in zero and cfg["gradient_clipping"] == 0.0  # suite-owned keys
+    assert zero["sub_group_size"] == 5  # the contract's
+    assert cfg["bf16"] == {"enabled": True} and zero["offload_param"] == {"device": "cpu"}  # the profile's
+    assert "zero_optimization.sub_group_size" in profiles.owned_keys()[0]
+    assert "bf16.enabled" in profiles.overlaid_keys()
+
+
+def test_config_file_json_and_yaml(tmp_path):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"overlap_comm": False}}))
+    (tmp_path / "ds.yaml").write_text("zero_optimization:\n  overlap_comm: false\n")
+    assert profiles.load_config_file(str(tmp_path / "ds.json")) == profiles.load_config_file(str(tmp_path / "ds.yaml"))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        profiles.load_config_file(str(tmp_path / "bad.json"))
+    line = profiles.header_line(("fp32", "hpz"), "ds.json", {"zero_optimization": {"overlap_comm": False}})
+    assert line == "profiles: fp32, hpz; config overlay ds.json (keys: zero_optimization.overlap_comm)"
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [("--zero3-profile=nope", "unknown profile nope"), ("--zero3-config=missing.json", "no such file")],
+)
+def test_bad_profile_or_config_is_a_usage_error(run_pytest, option, message):
+    run = run_pytest("conformance", option, "--collect-only")
+    assert run.returncode == 4 and message in run.stdout, run.stdout[-2000:]
+
+
+def test_profiles_show_in_test_ids_and_default_ids_stay(run_pytest):
+    """Only contracts a selected profile applies to run under it; fp32 alone parametrises nothing."""
+    default = run_pytest("conformance", "--zero3-select=base-a", "--collect-only", "-q").stdout.splitlines()
+    assert "conformance/test_baseline.py::test_mlp_parity_prefetch_off" in default, default[-20:]
+    run = run_pytest(
+        "conformance", "--zero3-select=base-a,base-e", "--zero3-profile=hpz,bf16-offload", "--collect-only", "-q"
+    )
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert sorted(i.split("::")[1] for i in ids) == [  # base-e: neither profile applies, deselected
+        "test_mlp_parity_prefetch_off[bf16-offload]",
+        "test_mlp_parity_prefetch_off[hpz]",
+    ], run.stdout[-2000:]
+
+
+def test_report_header_and_implementation_fields(tmp_path):
+    """What the report shows: the profiles, and the overlay file with the keys it sets."""
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(profile=("fp32",), config=None)
+    assert profiles.report_header(settings) == "profiles: fp32"
+    assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None}
+    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": True}}))
+    settings = SimpleNamespace(profile=("hpz",), config=str(tmp_path / "ds.json"))
+    assert profiles.report_implementation(settings)["config_overlay"]["keys"] == ["bf16.enabled"]
+    assert "ds.json" in profiles.report_header(settings)
+
+
+@pytest.mark.slow
+def test_a_config_key_the_implementation_rejects_makes_the_contract_unsupported(run_suite, tmp_path):
+    """--zero3-config reaches every rank's config; a key deepspeed rejects is named, not a failure."""
+    config = tmp_path / "fork.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage3_bogus_key": 1}}))
+    run = run_suite("reference", "base-a", f"--zero3-config={config}")
+    row = {c["id"]: c for c in run.report["contracts"]}["base-a"] if run.report else None
+    assert row and row["outcome"] == "unsupported", run.stdout[-3000:]
+    assert "rejects zero_optimization.stage3_bogus_key" in row["reason"], row["reason"]
+    assert run.returncode == 0, run.stdout[-3000:]
