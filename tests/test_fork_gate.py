@@ -38,3 +38,30 @@ def test_shipped_stock_expectations_file_is_valid_and_lists_reasons():
     for release in ("0.16.9", "0.17.6", "0.18.9", "0.19.2", "0.19.3"):
         table = expectations.load(ROOT / "conformance" / "expectations" / f"deepspeed-{release}.toml")
         assert "001-a" in table and all(table.values()), release
+
+
+def test_a_fork_that_adds_a_second_leak_fails_although_its_base_lists_the_first(run_suite, tmp_path):
+    """Why (issue 25): stock 0.19.8 fails 001-a (FWD_MODULE_STACK keeps modules alive), and its
+    expectations file lists that; a fork of 0.19.8 that also keeps every coordinator in a registry of
+    its own leaks for another cause, and its gate must go red, not report the known failure."""
+    from forks import copy_installed_deepspeed, edit
+
+    fork = copy_installed_deepspeed(str(tmp_path / "fork"))
+    relpath = "runtime/zero/partitioned_param_coordinator.py"
+    edit(
+        fork,
+        relpath,
+        "class PartitionedParameterCoordinator:",
+        "_SEEN = []\n\n\nclass PartitionedParameterCoordinator:",
+    )
+    edit(
+        fork,
+        relpath,
+        "        # mapping of param -> handle for each param that is currently in flight\n",
+        "        _SEEN.append(self)  # a debugging registry, never cleared\n"
+        "        # mapping of param -> handle for each param that is currently in flight\n",
+    )
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_suite(fork, "001-a", f"--zero3-expect={expect}")
+    assert run.returncode == 1 and run.outcomes() == {"001-a": "fail"}, run.stdout[-4000:]
+    assert "failed for another cause than --zero3-expect lists" in run.report["contracts"][0]["reason"], run.report
