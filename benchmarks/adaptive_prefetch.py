@@ -29,11 +29,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ranks import join_world, launch  # noqa: E402
-
 from pytest_zero3.fixtures.config import zero3_config  # noqa: E402
 from pytest_zero3.fixtures.engine import batch, coordinator, train_step  # noqa: E402
 from pytest_zero3.fixtures.models import MLP  # noqa: E402
+from ranks import join_world, launch  # noqa: E402
 
 
 def run_one(adaptive, args, rank, layer):

@@ -83,6 +83,7 @@ class GatheredNumelProbe:
 
 def build_engine(impl, name, args, reuse_distance):
     import deepspeed
+
     from pytest_zero3 import reference_impl
 
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()

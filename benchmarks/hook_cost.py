@@ -135,6 +135,7 @@ def replay(calls, passes):
 
 def prepare(impl, name, args):
     import deepspeed
+
     from pytest_zero3 import reference_impl
 
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()

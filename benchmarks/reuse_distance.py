@@ -27,10 +27,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ranks import join_world, launch  # noqa: E402
-
 from pytest_zero3.fixtures.config import zero3_config  # noqa: E402
 from pytest_zero3.fixtures.models import MLP  # noqa: E402
+from ranks import join_world, launch  # noqa: E402
 
 IMPLS = ("stock", "reference")
 
@@ -68,6 +67,7 @@ class ForwardPeak:
 
 def run_one(impl, bucket, args, rank):
     import deepspeed
+
     from pytest_zero3 import reference_impl
 
     (reference_impl.install if impl == "reference" else reference_impl.uninstall)()

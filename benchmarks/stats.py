@@ -3,12 +3,12 @@
 
 import random
 import statistics
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 
 def ratio_interval(
     a: Sequence[float], b: Sequence[float], resamples: int = 2000, seed: int = 0
-) -> Tuple[float, float, float]:
+) -> tuple[float, float, float]:
     """``(low, median(a)/median(b), high)``: percentile bootstrap over independent resamples of
     ``a`` and ``b`` (each sample one measured step or block)."""
     rng = random.Random(seed)

@@ -9,9 +9,9 @@ not run.  Every world of a contract runs its scenario under that profile and the
 import copy
 
 import pytest
+from pytest_zero3.fixtures import profiles
 
 from pytest_zero3 import options
-from pytest_zero3.fixtures import profiles
 
 #: Added to a bf16-offload test: the forkserver imports it, building DeepSpeedCPUAdam there once (under
 #: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.

@@ -13,7 +13,6 @@ steps that follow the trace-recording step.
 import math
 
 import pytest
-
 from pytest_zero3.fixtures import family_000 as f
 from pytest_zero3.fixtures.verdicts import per_rank
 

@@ -16,7 +16,6 @@ import importlib.util
 import math
 
 import pytest
-
 from pytest_zero3.fixtures import family_002 as f002
 
 

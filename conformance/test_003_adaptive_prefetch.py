@@ -31,7 +31,6 @@ all-gather sequence across ranks (any contract fails on a rank divergence).
 """
 
 import pytest
-
 from pytest_zero3.fixtures import family_003 as f
 
 LAYER = f.LAYER_NUMEL

@@ -11,7 +11,6 @@ import copy
 import importlib.util
 
 import pytest
-
 from pytest_zero3.fixtures import family_004 as f004
 
 

@@ -11,7 +11,6 @@ weights; a hook that does not fire or a misplaced partition moves a value by far
 """
 
 import pytest
-
 from pytest_zero3.fixtures import family_005 as f5
 
 

@@ -20,7 +20,6 @@ training steps and takes about a second per engine on a 2-core CPU box.
 """
 
 import pytest
-
 from pytest_zero3.fixtures import family_base as fb
 from pytest_zero3.fixtures.models import linear_numel
 from pytest_zero3.fixtures.models_extra import FIRST_BLOCK_LEAF_THRESHOLD

@@ -14,9 +14,9 @@ records, so each contract below reads the same run.
 from __future__ import annotations
 
 import pytest
+from pytest_zero3.fixtures import rule_batch
 
 from pytest_zero3 import options
-from pytest_zero3.fixtures import rule_batch
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ under ``[tool.pytest.ini_options]``, it runs the suite with those settings.
 """
 
 import sys
-from typing import List, Optional
+from typing import Optional
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     import pytest
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
 
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
@@ -39,8 +38,8 @@ class Expectation:
     """Why one contract is known to fail, and which failure that is (no ``match``/``raises``: any)."""
 
     reason: str
-    match: Optional[str] = None
-    raises: Optional[str] = None
+    match: str | None = None
+    raises: str | None = None
 
     @property
     def cause(self) -> str:
@@ -151,7 +150,7 @@ def passes_through(exc: BaseException) -> bool:
     return isinstance(exc, (*through, world.WorldNotFormed))
 
 
-def judge(cid: str, expectation: Expectation, exc: BaseException) -> Optional[BaseException]:
+def judge(cid: str, expectation: Expectation, exc: BaseException) -> BaseException | None:
     """What a listed contract's failure ``exc`` becomes: :class:`KnownFailure` for the listed cause,
     :class:`CauseMismatch` for another, None for what is no failure (see :func:`passes_through`)."""
     if passes_through(exc):

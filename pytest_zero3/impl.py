@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Optional
 
 from packaging.version import InvalidVersion, Version
 
@@ -46,9 +45,9 @@ class SpecError(Exception):
 class Spec:
     text: str
     kind: str  # "installed" | "reference" | "fork" | "class"
-    fork_dir: Optional[str] = None
-    module: Optional[str] = None  # importable module name, or a .py file path
-    cls_name: Optional[str] = None
+    fork_dir: str | None = None
+    module: str | None = None  # importable module name, or a .py file path
+    cls_name: str | None = None
 
     @property
     def label(self) -> str:
@@ -94,7 +93,7 @@ def parse(text: str) -> Spec:
     return Spec(text, "fork", fork_dir=path)
 
 
-def import_path(spec: Spec) -> Optional[str]:
+def import_path(spec: Spec) -> str | None:
     """The directory to put first on the import path of pytest, the forkserver and every rank, if any."""
     return spec.fork_dir if spec.kind == "fork" else None
 
@@ -140,7 +139,7 @@ def check_version(spec: Spec) -> None:
     )
 
 
-def parse_version(text: str) -> Optional[Version]:
+def parse_version(text: str) -> Version | None:
     """The version a deepspeed reports (a checkout's "0.20.1 (git 0123abcd)" included), or None when
     it is not a version."""
     try:
@@ -258,7 +257,7 @@ def _deepspeed_version(package_dir: str) -> str:
     return "unknown"
 
 
-def _checkout_version(package_dir: str) -> Optional[str]:
+def _checkout_version(package_dir: str) -> str | None:
     """``version.txt`` of the DeepSpeed source checkout ``package_dir`` lies in, plus its git commit; or None.
 
     A checkout is not built, so deepspeed itself reports 0.0.0 there.
@@ -273,7 +272,7 @@ def _checkout_version(package_dir: str) -> Optional[str]:
     return f"{version} (git {commit})" if commit else version
 
 
-def _git_commit(root: str) -> Optional[str]:
+def _git_commit(root: str) -> str | None:
     """The commit checked out in ``root``, read from ``.git`` without running git (12 hex digits)."""
     git = os.path.join(root, ".git")
     try:

@@ -7,7 +7,6 @@ forkserver and the ranks receive the :class:`~pytest_zero3.impl.Spec` itself, ne
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
 
 from pytest_zero3.impl import Spec
 
@@ -17,9 +16,9 @@ class Job:
     """The session's part, the same for every world: what to load and whom to die with."""
 
     spec: Spec
-    sys_path: Tuple[str, ...]  # pytest's import path, in its order (a fork checkout first)
+    sys_path: tuple[str, ...]  # pytest's import path, in its order (a fork checkout first)
     parent_pid: int  # pytest: the forkserver and the ranks never outlive it
-    preload: Tuple[str, ...] = ()  # extra modules the forkserver imports once
+    preload: tuple[str, ...] = ()  # extra modules the forkserver imports once
     forkserver_stack: str = ""  # where the forkserver writes its stack when asked (SIGUSR1)
 
 

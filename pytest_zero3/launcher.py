@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable
 
 import pytest
 
@@ -76,11 +76,11 @@ class LauncherWorld(BaseWorld):
         self._test = _current_test()
         self._calls = 0
 
-    def resized(self, size: int) -> Optional["LauncherWorld"]:
+    def resized(self, size: int) -> LauncherWorld | None:
         """The launcher fixed the world size: only that size runs (None for any other)."""
         return self if size == self.size else None
 
-    def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
+    def outcomes(self, fn: Callable, *args, **kwargs) -> list[RankOutcome]:
         _install_stop_handler()
         store = self._base_store()
         key = f"{self._test}/{self._calls}"
@@ -112,6 +112,7 @@ class LauncherWorld(BaseWorld):
         global _store
         import torch
         import torch.distributed as dist
+
         from pytest_zero3 import impl
 
         if not LauncherWorld._applied:
@@ -183,7 +184,7 @@ class _Post:
 
     def __init__(self, store, key: str):
         self.store, self.key = store, key
-        self.posted: Optional[RankOutcome] = None
+        self.posted: RankOutcome | None = None
         self._lock = threading.Lock()
 
     def __call__(self, outcome: RankOutcome) -> RankOutcome:
@@ -212,7 +213,7 @@ def _post_stack(post: _Post, r: int, timeout: float) -> None:
     )
 
 
-def gather(store, key: str, mine: RankOutcome, size: int, deadline: float, timeout: float) -> List[RankOutcome]:
+def gather(store, key: str, mine: RankOutcome, size: int, deadline: float, timeout: float) -> list[RankOutcome]:
     """Every rank's outcome posted under ``key`` (``mine`` is this rank's), waiting until ``deadline``.
 
     Waits in slices of at most a second, so a SIGTERM from the launcher is acted on promptly (a
@@ -370,7 +371,7 @@ class SessionEnd:
             _wait_for([f"{SESSION_PREFIX}/reported"], SESSION_WAIT)
 
 
-def _wait_for(keys: List[str], seconds: float) -> None:
+def _wait_for(keys: list[str], seconds: float) -> None:
     """Wait until every key is in the store, or ``seconds`` passed; in slices of a second, so that a
     SIGTERM from the launcher is acted on (see :func:`gather`)."""
     end = time.monotonic() + seconds
@@ -384,7 +385,7 @@ def _wait_for(keys: List[str], seconds: float) -> None:
             continue
 
 
-def _get(key: str) -> Optional[str]:
+def _get(key: str) -> str | None:
     try:
         return _store.get(key).decode() if _store.check([key]) else None
     except RuntimeError:

@@ -18,7 +18,7 @@ import dataclasses
 import glob
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 if TYPE_CHECKING:
     from pytest_zero3.plugin import Zero3Session
@@ -86,7 +86,7 @@ def _backend(value: Any) -> str:
     return text
 
 
-def _prefixes(value: Any) -> Tuple[str, ...]:
+def _prefixes(value: Any) -> tuple[str, ...]:
     entries = [p.strip() for p in str(value).split(",")]
     if not any(entries) or not all(entries):
         raise ValueError(
@@ -102,7 +102,7 @@ def _replay(value: Any) -> tuple:
     return rule_batch.load_replay(str(value))
 
 
-def _profiles(value: Any) -> Tuple[str, ...]:
+def _profiles(value: Any) -> tuple[str, ...]:
     from pytest_zero3.fixtures import profiles
 
     return profiles.parse_names(str(value))
@@ -125,8 +125,8 @@ class Option:
     parse: Callable[[Any], Any]
     default: Any
     help: str
-    metavar: Optional[str] = None
-    choices: Optional[Tuple[str, ...]] = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
     switch: bool = False  # a command-line flag with no value (true/false in an ini file)
     path: bool = False  # a relative ini value is relative to the ini file's directory
     ini_type: Literal["string", "int", "float", "bool"] = (
@@ -142,7 +142,7 @@ class Option:
         return "zero3_" + self.name
 
 
-OPTIONS: Tuple[Option, ...] = (
+OPTIONS: tuple[Option, ...] = (
     Option(
         "impl",
         _text,
@@ -313,20 +313,20 @@ class Settings:
     backend: str  # as configured; a world resolves "auto" with resolve_backend()
     timeout: float
     startup_timeout: float
-    select: Tuple[str, ...]  # contract ID prefixes; empty selects every contract
-    report: Optional[str]  # JSON report path
-    report_md: Optional[str]  # Markdown report path
-    expect: Optional[str]  # expectations file
+    select: tuple[str, ...]  # contract ID prefixes; empty selects every contract
+    report: str | None  # JSON report path
+    report_md: str | None  # Markdown report path
+    expect: str | None  # expectations file
     strict: bool
-    examples: Optional[int]  # rule family: generated examples (None: its default)
-    seed: Optional[int]  # rule family: seed (None: derandomised)
+    examples: int | None  # rule family: generated examples (None: its default)
+    seed: int | None  # rule family: seed (None: derandomised)
     shrink: int  # rule family: worlds a shrink may start
-    replay: Optional[tuple]  # rule family: the examples to run instead of anchors + drawn ones
-    profile: Tuple[str, ...]  # config profiles (fixtures/profiles.py)
-    config: Optional[str]  # a DeepSpeed config file overlaid onto every contract's config
+    replay: tuple | None  # rule family: the examples to run instead of anchors + drawn ones
+    profile: tuple[str, ...]  # config profiles (fixtures/profiles.py)
+    config: str | None  # a DeepSpeed config file overlaid onto every contract's config
 
 
-def _configured(config: pytest.Config, opt: Option) -> Tuple[Any, str]:
+def _configured(config: pytest.Config, opt: Option) -> tuple[Any, str]:
     """``(value, where)``: the command line's value, else the ini file's (paths made absolute), else the
     default.  ``where`` names the source for error messages."""
     given = getattr(config.option, opt.ini, None)
@@ -362,8 +362,8 @@ def _spec_from(base: str, text: str) -> str:
 
 def settings_from(config: pytest.Config) -> Settings:
     """Validate the options; raise :class:`pytest.UsageError` naming the fix.  Changes nothing."""
-    values: Dict[str, Any] = {}
-    where: Dict[str, str] = {}
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
     for opt in OPTIONS:
         values[opt.name], where[opt.name] = _configured(config, opt)
     try:

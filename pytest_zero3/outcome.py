@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal
-from typing import Any, List, Optional
+from typing import Any
 
 
 class Outcome(str, enum.Enum):
@@ -102,7 +102,7 @@ class RankOutcome:
         return "\n".join(parts)
 
 
-def death_message(exitcode: Optional[int]) -> str:
+def death_message(exitcode: int | None) -> str:
     if exitcode is None:
         return "no exit code"
     if exitcode < 0:
@@ -114,7 +114,7 @@ def death_message(exitcode: Optional[int]) -> str:
     return f"exited with code {exitcode} before reporting a result"
 
 
-def failure_text(outcomes: List[RankOutcome], title: str) -> str:
+def failure_text(outcomes: list[RankOutcome], title: str) -> str:
     """The text of a failed world: a one-line verdict per rank, then the details of each distinct failure,
     the likely cause first (see :func:`cause_rank`).
 
@@ -155,7 +155,7 @@ def cause_rank(outcome: RankOutcome) -> int:
     return {HUNG: 2, UNFORMED: 4}.get(outcome.status, 5)
 
 
-def first_failure(outcomes: List[RankOutcome]) -> str:
+def first_failure(outcomes: list[RankOutcome]) -> str:
     """One line naming the failure that most likely caused the others (see :func:`cause_rank`)."""
     causes = sorted((o for o in outcomes if cause_rank(o) < 5), key=cause_rank)  # stable: rank order within a kind
     if not causes:

@@ -13,7 +13,7 @@ import atexit
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
@@ -51,7 +51,7 @@ def pytest_configure(config):
         session.activate()
 
 
-def _session(config) -> "Zero3Session":
+def _session(config) -> Zero3Session:
     return config.pluginmanager.get_plugin(PLUGIN_NAME)
 
 
@@ -60,9 +60,9 @@ class Zero3Session:
 
     def __init__(self, config):
         self.config = config
-        self.settings: Optional[options.Settings] = None
-        self.report: Optional[Report] = None  # set by activate(): the session is in use
-        self._undo: List[Callable[[], object]] = []  # callables restoring what start() changed, newest last
+        self.settings: options.Settings | None = None
+        self.report: Report | None = None  # set by activate(): the session is in use
+        self._undo: list[Callable[[], object]] = []  # callables restoring what start() changed, newest last
         self._started = False
 
     # -- life cycle ------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ def call(rank: int, fn, args=(), kwargs=None, passthrough=()) -> RankOutcome:
 def ending(rank: int, exc: BaseException) -> RankOutcome:
     """The outcome of a scenario that ended with ``exc``."""
     import _pytest.outcomes as pytest_outcomes
+
     from pytest_zero3.scenario import Unsupported
 
     if isinstance(exc, Unsupported):  # first: it is a kind of skip

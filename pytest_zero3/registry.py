@@ -33,7 +33,7 @@ def path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "contracts.toml")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(file: str = "") -> dict:
     """``{id: Contract}``; a malformed entry raises ValueError naming the ID and the field."""
     with open(file or path(), "rb") as fh:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Dict, List
 
 import pytest
 
@@ -80,10 +79,10 @@ class Report:
         self.config, self.settings, self.reports = config, settings, reports
         self.expected = expectations.load(settings.expect)
         self.strict = settings.strict
-        self.rows: Dict[str, dict] = {}  # contract id -> row dict
+        self.rows: dict[str, dict] = {}  # contract id -> row dict
         self.identity: dict = {}
-        self.write_errors: List[str] = []  # one line per report file that could not be written at the end
-        self._pending: Dict[
+        self.write_errors: list[str] = []  # one line per report file that could not be written at the end
+        self._pending: dict[
             str, dict
         ] = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
         if reports:
@@ -128,7 +127,7 @@ class Report:
         its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
         ``--zero3-strict`` its last test fails in teardown when every one of its tests passed
         (see :meth:`strict_teardown`)."""
-        tests: Dict[str, list] = {}
+        tests: dict[str, list] = {}
         for item in items:
             c = markers.contract(item)
             if c:

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-from typing import List
 
 from pytest_zero3.job import Job
 
@@ -45,10 +44,10 @@ _PREFIX = "pytest-zero3-"
 _LEFTOVER = re.compile(re.escape(_PREFIX) + r"(\d+)-(?:forkserver-)?(\d+)(?:\.pickle)?$")
 
 
-def remove_leftovers(directory: str = "") -> List[str]:
+def remove_leftovers(directory: str = "") -> list[str]:
     """Remove the temp files and directories of sessions of this user whose process is gone; return them."""
     directory = directory or tempfile.gettempdir()
-    removed: List[str] = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -21,7 +21,7 @@ import pickle
 import sys
 import time
 import zlib
-from typing import Any, Callable, List, Optional, Set, Union
+from typing import Any, Callable
 
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
@@ -59,7 +59,7 @@ class WorldFailure(Failed):
     traceback.
     """
 
-    def __init__(self, text: str, outcomes: List[RankOutcome]):
+    def __init__(self, text: str, outcomes: list[RankOutcome]):
         super().__init__(text, pytrace=False)
         self.outcomes = outcomes
 
@@ -69,7 +69,7 @@ class WorldNotFormed(WorldFailure):
     scenario never ran, so this says nothing about the implementation.  ``attempts`` holds the
     outcomes of each try; ``outcomes`` those of the last."""
 
-    def __init__(self, text: str, attempts: List[List[RankOutcome]]):
+    def __init__(self, text: str, attempts: list[list[RankOutcome]]):
         super().__init__(text, attempts[-1] if attempts else [])
         self.attempts = attempts
 
@@ -78,9 +78,9 @@ class BaseWorld:
     """What forked and launcher worlds share: run a scenario call, record its outcomes, judge them."""
 
     size: int
-    _on_outcomes: Optional[Callable[[List[RankOutcome]], None]] = None
+    _on_outcomes: Callable[[list[RankOutcome]], None] | None = None
 
-    def run(self, fn: Callable, *args, **kwargs) -> List[Any]:
+    def run(self, fn: Callable, *args, **kwargs) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank return values in rank order.
 
         ``fn`` must be a module-level function (it is pickled by reference).  Fails the test with
@@ -92,7 +92,7 @@ class BaseWorld:
             self._on_outcomes(outcomes)
         return settle(outcomes, fn)
 
-    def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
+    def outcomes(self, fn: Callable, *args, **kwargs) -> list[RankOutcome]:
         """Like :meth:`run` but returns the raw per-rank outcomes instead of judging them."""
         raise NotImplementedError
 
@@ -105,10 +105,10 @@ class World(BaseWorld):
         size: int,
         backend: str,
         timeout: float,
-        spec: Union[impl.Spec, str],
+        spec: impl.Spec | str,
         base_dir: str,
         preload=(),
-        on_outcomes: Optional[Callable[[List[RankOutcome]], None]] = None,
+        on_outcomes: Callable[[list[RankOutcome]], None] | None = None,
         startup_timeout: float = spawner.DEFAULT_STARTUP_TIMEOUT,
     ):
         self.size, self.backend, self.timeout = size, backend, timeout
@@ -118,7 +118,7 @@ class World(BaseWorld):
         self.base_dir, self.preload = base_dir, tuple(preload)
         self._on_outcomes = on_outcomes
 
-    def resized(self, size: int) -> Optional["World"]:
+    def resized(self, size: int) -> World | None:
         """This world with ``size`` ranks (ranks are forked per run, so any size costs the same), or
         None where ``size`` ranks cannot run here: more ranks than GPUs on nccl."""
         if self.backend == "nccl" and options.gpu_count() < size:
@@ -127,7 +127,7 @@ class World(BaseWorld):
         other.size = size
         return other
 
-    def outcomes(self, fn: Callable, *args, **kwargs) -> List[RankOutcome]:
+    def outcomes(self, fn: Callable, *args, **kwargs) -> list[RankOutcome]:
         job = Job(spec=self.spec, sys_path=tuple(sys.path), parent_pid=os.getpid(), preload=self.preload)
         call = pickle.dumps((fn, args, kwargs))
         tries = []
@@ -176,7 +176,7 @@ class World(BaseWorld):
         return run_dir
 
 
-def not_formed(outcomes: List[RankOutcome], joined: Set[int]) -> bool:
+def not_formed(outcomes: list[RankOutcome], joined: set[int]) -> bool:
     """Whether a try in which no rank started its scenario failed because the world did not form:
     some rank could not join, or died or hung while joining (it is in ``joined``), and no rank failed
     for another reason (an error in its set-up, which a new try would only repeat)."""
@@ -184,7 +184,7 @@ def not_formed(outcomes: List[RankOutcome], joined: Set[int]) -> bool:
     return bool(forming) and all(o.rank in forming or o.status == STOPPED for o in outcomes)
 
 
-def not_formed_text(tries: List[List[RankOutcome]], name: str, size: int) -> str:
+def not_formed_text(tries: list[list[RankOutcome]], name: str, size: int) -> str:
     lines = [
         f"the world did not form: {size} ranks could not form a process group in {len(tries)} tries "
         f"(fresh ranks each time), so scenario {name} never ran. This is the machine, its load or its "
@@ -199,7 +199,7 @@ def not_formed_text(tries: List[List[RankOutcome]], name: str, size: int) -> str
     return "\n".join(lines) + "\n" + failure_text(tries[-1], f"try {len(tries)}:")
 
 
-def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
+def settle(outcomes: list[RankOutcome], fn: Callable) -> list[Any]:
     """Turn outcomes into return values, a skip, an unsupported declaration, or a failure."""
     statuses = {o.status for o in outcomes}
     if statuses == {PASSED}:
@@ -217,11 +217,11 @@ def settle(outcomes: List[RankOutcome], fn: Callable) -> List[Any]:
     raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"), outcomes)
 
 
-def _collect(procs, run_dir: str, timeout: float) -> List[RankOutcome]:
+def _collect(procs, run_dir: str, timeout: float) -> list[RankOutcome]:
     from multiprocessing.connection import wait  # not at import: it registers an atexit hook (a guest adds none)
 
     files = [rank_mod.paths(run_dir, r) for r in range(len(procs))]
-    outcomes: List[RankOutcome] = [None] * len(procs)  # type: ignore[list-item]  # each rank's, by the end
+    outcomes: list[RankOutcome] = [None] * len(procs)  # type: ignore[list-item]  # each rank's, by the end
     deadline = time.monotonic() + timeout
     first_failure_at = None
     while True:

@@ -36,10 +36,9 @@ simulate slow all-gathers.
 import math
 import time
 from contextlib import contextmanager
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import torch
-
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 
@@ -122,7 +121,7 @@ class AdaptivePrefetchBucket:
     def reset(self) -> None:
         """Drop every sample of the window (trace invalidated, re-recorded, or clock swapped)."""
         self._fetches = 0
-        self._closed: List[_Segment] = []
+        self._closed: list[_Segment] = []
         self._open: Optional[_Segment] = None
 
     def start_pass(self, trace_len: Optional[int]) -> None:

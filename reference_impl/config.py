@@ -6,10 +6,9 @@ their validation; installing :func:`get_zero_config` in deepspeed makes ``deepsp
 accept them, or fail with an error naming the offending key.
 """
 
-from pydantic import Field, model_validator
-
 from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
 from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION, DeepSpeedZeroConfig, read_zero_config_deprecated
+from pydantic import Field, model_validator
 
 DEFAULT_MIN_SIZE = 0
 DEFAULT_MAX_SIZE = int(1e9)

@@ -34,13 +34,12 @@ import collections
 import functools
 import threading
 import weakref
+from collections.abc import Iterable
 from contextlib import nullcontext
-from typing import Deque, Dict, Iterable, List, Optional, Set
-
-import torch
-from torch.nn import Module, Parameter
+from typing import Optional
 
 import deepspeed.runtime.compiler as compiler
+import torch
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.compiler import is_compiling
@@ -53,6 +52,7 @@ from deepspeed.runtime.zero.partition_parameters import (
 )
 from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry, iter_params
 from deepspeed.utils import logger, z3_leaf_module
+from torch.nn import Module, Parameter
 
 from .adaptive import AdaptivePrefetchBucket
 from .trace import Trace, module_param_set, module_params
@@ -192,7 +192,7 @@ class ReferenceCoordinator:
             )
 
         self._mode = "invalid"
-        self._recording: List[Module] = []
+        self._recording: list[Module] = []
         self._trace: Optional[Trace] = None
         self._step = 0
         self._pass_root: Optional[int] = None  # ds_id of the module fetched first in this pass
@@ -201,16 +201,16 @@ class ReferenceCoordinator:
         self._pass_grad = True
         self._grad_probe = None
         self._cursor = 0  # next unconsumed entry of the trace's parameter uses
-        self._live: Dict[Parameter, None] = {}  # params this coordinator gathered and not yet released
+        self._live: dict[Parameter, None] = {}  # params this coordinator gathered and not yet released
         self._live_numel = 0
         # NVMe only: a param skipped by prefetch because it was resident stays until that use, so the
         # swap-in buffers keep the trace's order (releasing it also returns its buffer).
-        self._nvme_keep_until: Dict[Parameter, int] = {}
-        self._active_backward: Dict[int, Module] = {}  # modules between pre- and post-backward hook
-        self._fetch_events: Deque = collections.deque()
+        self._nvme_keep_until: dict[Parameter, int] = {}
+        self._active_backward: dict[int, Module] = {}  # modules between pre- and post-backward hook
+        self._fetch_events: collections.deque = collections.deque()
         # z3 leaf modules may get their pre-backward hook from several autograd threads at once
         self._leaf_lock = threading.Lock()
-        self._leaf_fetches: Dict[int, threading.Event] = {}
+        self._leaf_fetches: dict[int, threading.Event] = {}
 
     # ------------------------------------------------------------------ trace lifecycle
 
@@ -345,7 +345,7 @@ class ReferenceCoordinator:
             self._prefetch()
         self._step += 1
 
-    def _tracing_error(self, module: Module, params: Set[Parameter]) -> None:
+    def _tracing_error(self, module: Module, params: set[Parameter]) -> None:
         recorded = self._trace.step_params[self._step]
         raise RuntimeError(
             f"tracing error at step {self._step}: module {module.ds_id} ({type(module).__name__}, training="
@@ -389,7 +389,7 @@ class ReferenceCoordinator:
         end = len(params)
         cursor = self._cursor
         nvme = trace.on_nvme
-        batch: Dict[Parameter, None] = {}
+        batch: dict[Parameter, None] = {}
         numel = 0
         while cursor < end and numel < budget:
             param = params[cursor]
@@ -419,7 +419,7 @@ class ReferenceCoordinator:
         params, numels = trace.use_params, trace.use_numel
         inflight_numel = sum(p.ds_numel for p in self._registry)
         considered = 0
-        swap_in: Dict[Parameter, None] = {}  # ordered, and membership by identity
+        swap_in: dict[Parameter, None] = {}  # ordered, and membership by identity
         for index in range(self._cursor, len(params)):
             param = params[index]
             if param.nvme_swapper is None:

@@ -32,18 +32,17 @@ import inspect
 import weakref
 from collections.abc import MutableSequence
 
-import torch
-
 import deepspeed.runtime.config as ds_runtime_config
 import deepspeed.runtime.zero.config as ds_zero_config
+import torch
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
-from .leaf import create_hooks_with_grad_alias
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
+from .leaf import create_hooks_with_grad_alias
 
 _saved = {}  # original objects while installed; empty when not installed
 

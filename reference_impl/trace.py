@@ -10,23 +10,22 @@ Everything here is immutable once built, so values derived from it (the release 
 for exactly the lifetime of one trace and dropped with it.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
-
-from torch.nn import Module, Parameter
 
 from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.runtime.zero.utils import assert_ints_same_as_other_ranks
 from deepspeed.utils import z3_leaf_module
+from torch.nn import Module, Parameter
 
 
-def module_params(module: Module) -> List[Parameter]:
+def module_params(module: Module) -> list[Parameter]:
     """Parameters a module's hooks fetch and release: its own (plus external ones), and, for a z3
     leaf module, those of its whole subtree, since no hook fires below a leaf."""
     return list(iter_params(module, recurse=z3_leaf_module(module)))
 
 
-def module_param_set(module: Module, is_leaf: bool) -> Set[Parameter]:
+def module_param_set(module: Module, is_leaf: bool) -> set[Parameter]:
     """``set(module_params(module))`` without ``named_parameters``' generator machinery: read on
     every fetch, so it is kept to two dict walks for a non-leaf module."""
     if is_leaf:
@@ -57,25 +56,25 @@ class Trace:
     """
 
     def __init__(self, modules: Sequence[Module]):
-        self.modules: Tuple[Module, ...] = tuple(modules)
+        self.modules: tuple[Module, ...] = tuple(modules)
         uses = []
         step_params = []
         cursor_after = []
-        self.params_of: Dict[int, Tuple[Parameter, ...]] = {}
+        self.params_of: dict[int, tuple[Parameter, ...]] = {}
         for step, module in enumerate(self.modules):
             params = sorted(set(module_params(module)), key=lambda p: p.ds_id)
             self.params_of[module.ds_id] = tuple(params)
             step_params.append(frozenset(params))
             uses.extend(ParamUse(param, step) for param in params)
             cursor_after.append(len(uses))
-        self.param_uses: Tuple[ParamUse, ...] = tuple(uses)
-        self.step_params: Tuple[FrozenSet[Parameter], ...] = tuple(step_params)
-        self.cursor_after: Tuple[int, ...] = tuple(cursor_after)
-        self.use_params: Tuple[Parameter, ...] = tuple(u.param for u in uses)
-        self.use_steps: Tuple[int, ...] = tuple(u.step for u in uses)
-        self.use_numel: Tuple[int, ...] = tuple(u.param.ds_numel for u in uses)
+        self.param_uses: tuple[ParamUse, ...] = tuple(uses)
+        self.step_params: tuple[frozenset[Parameter], ...] = tuple(step_params)
+        self.cursor_after: tuple[int, ...] = tuple(cursor_after)
+        self.use_params: tuple[Parameter, ...] = tuple(u.param for u in uses)
+        self.use_steps: tuple[int, ...] = tuple(u.step for u in uses)
+        self.use_numel: tuple[int, ...] = tuple(u.param.ds_numel for u in uses)
         self.on_nvme = any(getattr(p, "nvme_swapper", None) is not None for p in self.use_params)
-        self._release_cache: Dict[Tuple[int, int], FrozenSet[int]] = {}
+        self._release_cache: dict[tuple[int, int], frozenset[int]] = {}
 
     @staticmethod
     def check_same_on_all_ranks(modules: Sequence[Module]) -> None:
@@ -86,7 +85,7 @@ class Trace:
     def matches(self, step: int, module: Module) -> bool:
         return step < len(self.modules) and self.modules[step] is module
 
-    def params_to_release(self, module: Module, step: int, max_reuse_distance: int) -> FrozenSet[int]:
+    def params_to_release(self, module: Module, step: int, max_reuse_distance: int) -> frozenset[int]:
         """ds_ids of ``module``'s non-persistent params that are not reused soon after ``step``.
 
         "Soon" is the reuse-distance window: the modules run from ``step`` on, until their

@@ -8,12 +8,12 @@ the same entries.  To add a coordinator, add one :class:`Case`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, FrozenSet, Optional
+from typing import Callable
 
 from pytest_zero3 import registry
 
 
-def family(name: str, *, but: tuple = ()) -> FrozenSet[str]:
+def family(name: str, *, but: tuple = ()) -> frozenset[str]:
     """Every registered ID of family ``name`` (less ``but``)."""
     return frozenset(cid for cid, c in registry.load().items() if c.family == name and cid not in but)
 
@@ -22,11 +22,11 @@ def family(name: str, *, but: tuple = ()) -> FrozenSet[str]:
 class Case:
     coordinator: str  # "file.py:Class" in tests/bad_coordinators/
     bug: str  # one line, for the README
-    flagged: FrozenSet[str]  # must FAIL
+    flagged: frozenset[str]  # must FAIL
     select: str  # --zero3-select of the run ("" = the whole suite)
-    may_fail: FrozenSet[str] = frozenset()  # may FAIL too (their scenario exercises the same bug); nothing else may
-    must_pass: FrozenSet[str] = frozenset()  # must pass (the bug cannot show there)
-    check: Optional[Callable] = None  # extra assertions on the tests.conftest.Run
+    may_fail: frozenset[str] = frozenset()  # may FAIL too (their scenario exercises the same bug); nothing else may
+    must_pass: frozenset[str] = frozenset()  # must pass (the bug cannot show there)
+    check: Callable | None = None  # extra assertions on the tests.conftest.Run
     extra: tuple = ()  # more pytest arguments for the run
 
     @property

@@ -16,7 +16,6 @@ import sys
 import pytest
 
 from conftest import ROOT
-
 from pytest_zero3 import options, registry
 
 USAGE = pytest.ExitCode.USAGE_ERROR

@@ -13,9 +13,9 @@ proofs per entry, at two costs:
 """
 
 import pytest
+from flags import ANCHORS_ONLY, CASES, Case
 
 from conftest import BAD
-from flags import ANCHORS_ONLY, CASES, Case
 
 
 def _run(run_suite, case: Case, select: str):

@@ -76,8 +76,9 @@ def test_bad_values_are_usage_errors_naming_the_fix(plain, args, message):
 
 def test_header_names_what_is_under_test(plain):
     out = plain.runpytest_subprocess("test_trivial.py", "--zero3-impl=installed", "--co").stdout.str()
-    import deepspeed  # noqa: F401  (only to find its path; this test process may import it)
     import os
+
+    import deepspeed  # noqa: F401  (only to find its path; this test process may import it)
 
     assert "zero3: impl=installed (installed deepspeed)" in out
     assert f"from {os.path.dirname(deepspeed.__file__)}" in out

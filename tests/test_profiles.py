@@ -5,7 +5,6 @@ case of tests/flags.py (hpz_mixed_gather)."""
 import json
 
 import pytest
-
 from pytest_zero3.fixtures import profiles
 
 

@@ -14,10 +14,10 @@ Cost: one 1-rank world, 100 steps of a 6-layer 16-wide MLP, about 15 s on the 2-
 
 import pytest
 import torch
-
 from pytest_zero3.fixtures import engine as eng
 from pytest_zero3.fixtures.config import MICRO_BATCH, zero3_config
 from pytest_zero3.fixtures.models import MLP, WIDTH
+
 from pytest_zero3 import scenario
 
 LAYER = WIDTH * WIDTH + WIDTH
@@ -28,6 +28,7 @@ def gathered_volume_per_step(install: bool) -> list:
     """Per step, the gathered-or-in-flight numel at each module's forward pre-hook; between forward
     and backward every parameter is gathered and partitioned again by ``GatheredParameters``."""
     import deepspeed
+
     from pytest_zero3 import reference_impl
 
     if install:

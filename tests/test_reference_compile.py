@@ -13,10 +13,10 @@ build.  Cost: one 1-rank world, two compiled engines of 3 steps: dynamo tracing 
 """
 
 import pytest
-
 from pytest_zero3.fixtures import engine as eng
 from pytest_zero3.fixtures.config import MICRO_BATCH, zero3_config
 from pytest_zero3.fixtures.models import MLP, WIDTH
+
 from pytest_zero3 import scenario
 
 STEPS = 3
@@ -42,6 +42,7 @@ def traced_under_compile() -> list:
 
 def compiled_losses() -> dict:
     import torch
+
     from pytest_zero3 import reference_impl
 
     traced = traced_under_compile()

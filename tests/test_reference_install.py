@@ -31,7 +31,6 @@ class NamesSome:
 
 def test_adaptive_keywords_reach_any_class_that_takes_them():
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
-
     from pytest_zero3.reference_impl import ReferenceCoordinator
     from pytest_zero3.reference_impl.install import accepts_adaptive_keywords
 
@@ -45,7 +44,6 @@ def test_adaptive_keywords_reach_any_class_that_takes_them():
 def test_reference_rejects_unknown_keywords():
     """Why: a deepspeed that passes a new keyword must be noticed, not silently ignored."""
     import pytest
-
     from pytest_zero3.reference_impl import ReferenceCoordinator
 
     with pytest.raises(TypeError, match="future_keyword"):

@@ -17,11 +17,11 @@ Cost: one 2-rank world, 5 steps of a 4-layer MLP, about 10 s on the 2-core CI ma
 import time
 
 import torch
-
 from pytest_zero3.fixtures import engine as eng
 from pytest_zero3.fixtures.config import MICRO_BATCH
 from pytest_zero3.fixtures.family_003 import LAYER_NUMEL, adaptive_config
 from pytest_zero3.fixtures.models import MLP, WIDTH
+
 from pytest_zero3 import scenario
 
 STEPS = 5
@@ -59,8 +59,9 @@ class CountingEvent:
 
 def host_syncs_per_fetch() -> dict:
     """Per fetch on a complete trace: ``(pass, index in pass, host syncs, decision taken)``."""
-    from pytest_zero3 import reference_impl
     from deepspeed.accelerator import get_accelerator
+
+    from pytest_zero3 import reference_impl
 
     reference_impl.install()
     counts = Counts()

@@ -10,15 +10,16 @@ Cost: one 1-rank world, 3 steps of a 3-layer MLP, about 5 s on the 2-core CI mac
 """
 
 import pytest
-
 from pytest_zero3.fixtures import engine as eng
 from pytest_zero3.fixtures.config import MICRO_BATCH, zero3_config
 from pytest_zero3.fixtures.models import MLP, WIDTH
+
 from pytest_zero3 import scenario
 
 
 def changed_params_after_trace() -> str:
     import deepspeed
+
     from pytest_zero3 import reference_impl
 
     reference_impl.install()

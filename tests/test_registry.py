@@ -8,10 +8,9 @@ import ast
 import re
 
 import pytest
-
-from conftest import ROOT
 import readme
 
+from conftest import ROOT
 from pytest_zero3 import registry
 
 USAGE = pytest.ExitCode.USAGE_ERROR

@@ -8,10 +8,10 @@ import shlex
 import pytest
 from hypothesis import core
 from hypothesis import settings as hsettings
+from pytest_zero3.fixtures import rule_batch
 
 from conftest import BAD, ROOT
 from pytest_zero3 import impl, options
-from pytest_zero3.fixtures import rule_batch
 
 ANCHORS_ONLY = ("--zero3-examples=0", "--zero3-shrink=0")
 

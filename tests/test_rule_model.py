@@ -313,6 +313,7 @@ def test_rule_statements_are_the_registry_statements():
 def test_default_examples_are_reproducible():
     """The rule family's default examples are the same on every run: CI must not flake on a new draw."""
     import json
+
     from pytest_zero3.fixtures import rule_batch
 
     assert json.dumps(rule_batch.draw_examples(4, None)) == json.dumps(rule_batch.draw_examples(4, None))

@@ -197,6 +197,7 @@ def block_with_stack_signal_ignored():
 def test_stacks_of_live_ranks_are_awaited_together(zero3_world):
     """Four hung ranks that never write a stack cost one stack wait (3 s), not four in a row (12 s)."""
     import time
+
     from pytest_zero3 import world
 
     start = time.monotonic()

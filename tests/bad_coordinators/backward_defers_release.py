@@ -10,8 +10,9 @@ Contract that must flag it: **rule-b** (the module's params must be partitioned 
 hook ends); see tests/flags.py.
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

@@ -11,8 +11,9 @@ Contract that must flag it: **rule-c** / **rule-b** at an exact boundary (a tied
 first module past the window); see tests/flags.py.
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

@@ -9,8 +9,9 @@ Contract that must flag it: **001-d** with its retained-memory bound (tracemallo
 coordinator's calls); see tests/flags.py.
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

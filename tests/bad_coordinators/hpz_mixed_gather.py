@@ -16,10 +16,10 @@ on, gathers the frozen layer together with trainable ones).
 from contextlib import nullcontext
 
 from deepspeed.accelerator import get_accelerator
-
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 from pytest_zero3.reference_impl.coordinator import _NOT_AVAILABLE, _ds_id, _on_nvme
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

@@ -9,8 +9,9 @@ reference with that one line put back (its count keeps the params still gathered
 Contract that must flag it: **rule-d** (its anchor with an eval forward under a live limit).
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

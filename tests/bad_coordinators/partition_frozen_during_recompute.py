@@ -12,10 +12,8 @@ Must be flagged by contract **002-a**, and by nothing outside family 002.
 """
 
 import torch
-
 from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.utils import z3_leaf_module
-
 from pytest_zero3.reference_impl.coordinator import ReferenceCoordinator
 
 

@@ -8,9 +8,10 @@ params hides it from every check made after ``step()``.
 Contract that must flag it: **rule-e** (persistence within a step); see tests/flags.py.
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 from pytest_zero3.reference_impl.trace import module_params
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

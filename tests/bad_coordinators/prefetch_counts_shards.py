@@ -8,11 +8,10 @@ reads it), losses are unchanged, and the already-run-layer checks of 000-a do no
 Contract that must flag it: **rule-d** (applied prefetch volume); see tests/flags.py.
 """
 
-from typing import Set
-
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
 from pytest_zero3.reference_impl.coordinator import ZeroParamStatus
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 
@@ -21,7 +20,7 @@ class PrefetchCountsShards(ReferenceCoordinator):
     def _prefetch(self) -> None:
         budget = min(self.prefetch_bucket_size, self._max_live_numel - self._live_numel)
         uses = self._trace.param_uses
-        batch: Set = set()
+        batch: set = set()
         numel = 0
         while self._cursor < len(uses) and numel < budget:
             param = uses[self._cursor].param

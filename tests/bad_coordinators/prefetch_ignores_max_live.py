@@ -7,8 +7,9 @@ far beyond the configured live limit.  No contract today configures the limit.
 Contract that must flag it: **rule-d**; see tests/flags.py.
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

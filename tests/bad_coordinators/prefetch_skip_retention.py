@@ -14,8 +14,9 @@ Importing this file installs ``reference_impl`` (its engine-lifecycle and config
 the only difference from ``--zero3-impl=reference`` is this class.
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

@@ -10,8 +10,9 @@ the numbers show it, and only on a model with an external param: no hand-written
 Contract that must flag it: **rule-h** (the generated family's parity with plain torch).
 """
 
-from pytest_zero3 import reference_impl
 from pytest_zero3.reference_impl import ReferenceCoordinator
+
+from pytest_zero3 import reference_impl
 
 reference_impl.install()
 

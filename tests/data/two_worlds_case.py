@@ -7,9 +7,9 @@ from pytest_zero3 import scenario
 
 def shm_all_reduce():
     """Goes through deepspeed.comm (its CPU shared-memory op is keyed by MASTER_ADDR/PORT)."""
-    import torch
     import deepspeed
     import deepspeed.comm as dist
+    import torch
 
     deepspeed.init_distributed(dist_backend="gloo")
     t = torch.full((4,), float(scenario.rank() + 1))
