@@ -75,6 +75,7 @@ class Report:
         ]
         if settings.spec.kind == "class":
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
+        lines += [f"zero3: warning: {w}" for w in [impl.base_warning(settings.spec)] if w]
         return lines
 
     def check_expectations(self, items) -> None:
