@@ -28,9 +28,12 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_zero3 import protocol
 
-#: Oldest deepspeed the plugin runs on (the release matrix runs the suite against it; README "Across
-#: DeepSpeed releases").
-MIN_DEEPSPEED = "0.16.9"
+#: Oldest deepspeed the plugin runs on at all: the harness reads DeepSpeed's ZeRO-3 internals as they
+#: are from 0.14.0 on, and it is not built for older ones.
+MIN_DEEPSPEED = "0.14.0"
+#: Releases the release matrix runs the whole suite against (scripts/release-matrix.sh RELEASES; README
+#: "Across DeepSpeed releases").  An older base runs, with an "untested base" warning.
+MATRIX_RELEASES = ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.2", "0.19.3", "0.19.8")
 #: Oldest deepspeed the reference (and a ``module:Class`` spec, which runs inside it) works with: it
 #: wraps ``DeepSpeedZeRoOffload.release_backward_leftovers``, which DeepSpeed added in 0.19.3 with the
 #: activation-checkpoint fix.
@@ -123,19 +126,49 @@ def prepare_process(spec: Spec) -> None:
 
 
 def check_version(spec: Spec) -> None:
-    """:class:`SpecError` when the deepspeed this spec runs on is older than it needs."""
+    """:class:`SpecError` when the deepspeed this spec runs on is older than the harness can work with."""
     found = describe_without_import(spec).get("deepspeed", "")
     need = MIN_DEEPSPEED_REFERENCE if spec.kind in ("reference", "class") else MIN_DEEPSPEED
     have = parse_version(found)
     if have is None or have >= Version(need):
         return  # an unreadable version is reported in the header, not guessed at
-    what = {
-        "reference": "the reference coordinator",
-        "class": "a coordinator class (it runs inside the reference's fixes)",
-    }.get(spec.kind, "pytest-zero3")
+    if spec.kind in ("reference", "class"):
+        what = {
+            "reference": "the reference coordinator",
+            "class": "a coordinator class (it runs inside the reference's fixes)",
+        }
+        why = "it wraps DeepSpeedZeRoOffload.release_backward_leftovers, which DeepSpeed added in 0.19.3"
+        raise SpecError(
+            f"--zero3-impl={spec.text!r}: {what[spec.kind]} needs deepspeed >= {need}, found {found} ({why}). "
+            f"Install a newer one (pip install 'deepspeed>={need}'), or run a fork as --zero3-impl=DIR."
+        )
     raise SpecError(
-        f"--zero3-impl={spec.text!r}: {what} needs deepspeed >= {need}, found {found}. "
-        f"Install a newer one (pip install 'deepspeed>={need}')."
+        f"--zero3-impl={spec.text!r}: pytest-zero3 needs deepspeed >= {need}, found {found}: its harness "
+        f"reads DeepSpeed's ZeRO-3 internals as they are from {need} on and is not built for older ones. "
+        f"Run it on a base of {need} or later."
+    )
+
+
+def base_warning(spec: Spec) -> Optional[str]:
+    """The "untested base" line for a deepspeed older than the releases the release matrix runs, or None.
+
+    Such a base runs (a fork lives on its base for long); the warning says its results have no
+    measured release behind them.  Compared with the oldest release of the same minor series the
+    matrix runs, else with the oldest of all.
+    """
+    found = describe_without_import(spec).get("deepspeed", "")
+    have = parse_version(found)
+    if have is None:
+        return None
+    runs = [Version(v) for v in MATRIX_RELEASES]
+    series = [v for v in runs if v.release[:2] == have.release[:2]]
+    oldest = min(series or runs)
+    if have >= oldest:
+        return None
+    of = f" of {have.major}.{have.minor}" if series else ""
+    return (
+        f"untested base: deepspeed {found} is older than the oldest release the release matrix runs{of}, "
+        f"{oldest}; results are not compared with a measured release"
     )
 
 

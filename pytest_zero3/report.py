@@ -103,6 +103,7 @@ class Report:
             from pytest_zero3.fixtures import profiles
 
             lines.append("zero3: " + profiles.report_header(settings))
+        lines += [f"zero3: warning: {w}" for w in [impl.base_warning(settings.spec)] if w]
         return lines
 
     def check_expectations(self, items) -> None:
@@ -263,6 +264,9 @@ class Report:
             f"coordinator: {info.get('coordinator', '?')}; torch {info.get('torch')}; "
             f"backend {info['backend']}; world size {info['world_size']}"
         )
+        warning = impl.base_warning(self.settings.spec)
+        if warning:
+            tr.write_line(f"warning: {warning}", yellow=True)
         tr.write_line("")
         width = min(max(len(r["statement"]) for r in rows), 70)
         not_run = [r for r in rows if r["outcome"] == Outcome.NOT_RUN.value]

@@ -25,9 +25,9 @@
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 
-# The newest patch of each minor from 0.16, plus the releases around the activation-checkpoint fix
-# (DeepSpeed PR 8148, first in 0.19.3).
-RELEASES=(0.16.9 0.17.6 0.18.9 0.19.2 0.19.3 0.19.8)
+# The newest patch of each minor from 0.14, plus the releases around the activation-checkpoint fix
+# (DeepSpeed PR 8148, first in 0.19.3). pytest_zero3/impl.py MATRIX_RELEASES lists the same releases.
+RELEASES=(0.14.5 0.15.4 0.16.9 0.17.6 0.18.9 0.19.2 0.19.3 0.19.8)
 DEFAULT_TORCH=2.13.0
 # release -> torch, for a release whose deepspeed does not import on DEFAULT_TORCH (none so far).
 declare -A TORCH_FOR=()

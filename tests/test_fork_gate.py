@@ -35,7 +35,7 @@ def test_shipped_stock_expectations_file_is_valid_and_lists_reasons():
     table = expectations.load(ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml")
     assert "000-a" in table and "001-a" in table and all(table.values())
     # Every release of the release matrix (scripts/release-matrix.sh) ships a loadable file.
-    for release in ("0.16.9", "0.17.6", "0.18.9", "0.19.2", "0.19.3"):
+    for release in ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.2", "0.19.3"):
         table = expectations.load(ROOT / "conformance" / "expectations" / f"deepspeed-{release}.toml")
         assert "001-a" in table and all(table.values()), release
 

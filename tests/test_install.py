@@ -73,13 +73,44 @@ def test_reference_and_classes_need_deepspeed_0_19_3(pytester, monkeypatch, impl
 def test_plugin_floor_and_checkout_version(pytester):
     """Why: a source checkout reports 0.0.0 itself; the header must say what it really is."""
     pytester.makepyfile(test_trivial="def test_one():\n    pass\n")
-    older = _fake_deepspeed(pytester.path / "older", "0.16.8", checkout=True)
+    older = _fake_deepspeed(pytester.path / "older", "0.13.5", checkout=True)
     result = pytester.runpytest_subprocess("test_trivial.py", f"--zero3-impl={older}")
-    assert result.ret == USAGE and "pytest-zero3 needs deepspeed >= 0.16.9, found 0.16.8" in result.stderr.str()
+    assert result.ret == USAGE, result.outlines
+    assert "pytest-zero3 needs deepspeed >= 0.14.0, found 0.13.5 (git 0123456789ab): its harness" in result.stderr.str()
     fork = _fake_deepspeed(pytester.path / "fork", "0.20.1", checkout=True)
     result = pytester.runpytest_subprocess("test_trivial.py", f"--zero3-impl={fork}", "--co")
     assert result.ret == 0, result.outlines
     result.stdout.fnmatch_lines([f"zero3: deepspeed 0.20.1 (git 0123456789ab) from {fork / 'deepspeed'}, *"])
+    assert "untested base" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("base", "oldest"),
+    [("0.15.2", "the release matrix runs of 0.15, 0.15.4"), ("0.14.0", "the release matrix runs of 0.14, 0.14.5")],
+)
+def test_fork_on_an_older_base_runs_with_an_untested_base_warning(pytester, base, oldest):
+    """Why: vendor forks live on old bases for long; they need the gate, told what was not measured,
+    not a refusal they cannot follow."""
+    fork = _fake_deepspeed(pytester.path / "fork", base, checkout=True)
+    (fork / "deepspeed" / "__init__.py").write_text(f"__version__ = {base!r}\n")
+    pytester.makepyfile(test_trivial="def test_one():\n    pass\n")
+    result = pytester.runpytest_subprocess("test_trivial.py", f"--zero3-impl={fork}", "--co")
+    assert result.ret == 0, result.outlines
+    result.stdout.fnmatch_lines(
+        [
+            f"zero3: warning: untested base: deepspeed {base} (git 0123456789ab) is older than the oldest release {oldest};*"
+        ]
+    )
+
+
+def test_matrix_releases_are_the_release_matrix_script_s():
+    """Why: the untested-base warning names what the release matrix runs; one list must not drift from the other."""
+    import re
+
+    from pytest_zero3 import impl
+
+    script = (ROOT / "scripts" / "release-matrix.sh").read_text()
+    assert tuple(re.search(r"^RELEASES=\(([^)]*)\)", script, re.M).group(1).split()) == impl.MATRIX_RELEASES
 
 
 def test_wheel_adds_only_pytest_zero3(tmp_path):
