@@ -149,7 +149,7 @@ def check_version(spec: Spec) -> None:
     )
 
 
-def base_warning(spec: Spec) -> Optional[str]:
+def base_warning(spec: Spec) -> str | None:
     """The "untested base" line for a deepspeed older than the releases the release matrix runs, or None.
 
     Such a base runs (a fork lives on its base for long); the warning says its results have no
