@@ -41,13 +41,15 @@ def _start_hanging_session(tmp_path):
         text=True,
     )
     try:
-        _wait_for(lambda: len(list(markers.iterdir())) == 2, 120, "both ranks to start")
+        _wait_for(lambda: len(list(markers.iterdir())) == 2, 600, "both ranks to start")  # generous: a loaded box
         ranks = [int(p.name.split("-")[1]) for p in markers.iterdir()]
         forkserver = int((markers / f"rank-{ranks[0]}").read_text())
         descendants = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
         assert set(ranks) | {forkserver} <= descendants
     except BaseException:
         proc.kill()
+        out = proc.communicate()[0]
+        print(f"pytest's output:\n{out[-4000:]}")  # shown with the failure
         raise
     return proc, descendants, temp
 

@@ -17,7 +17,10 @@ ANCHORS_ONLY = ("--zero3-examples=0", "--zero3-shrink=0")
 
 
 def _settings(**kw) -> options.Settings:
-    return options.Settings(impl.parse("reference"), 2, "auto", 60.0, **kw)
+    """Settings as the option table's defaults make them, for the reference, with ``kw`` changed."""
+    values = {o.name: o.default for o in options.OPTIONS if o.name != "impl"}
+    values.update(timeout=60.0, **kw)
+    return options.Settings(impl.parse("reference"), **values)
 
 
 def _worlds_started(base) -> int:
