@@ -6,7 +6,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -25,12 +27,20 @@ def _wait_for(predicate, timeout, what):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def _start_hanging_session(tmp_path):
+@pytest.fixture
+def short_temp():
+    """A temp dir with a short path: multiprocessing's unix sockets live under TMPDIR, and a socket path
+    over 107 bytes (pytest's tmp_path under xdist is that long) cannot be bound."""
+    path = tempfile.mkdtemp(prefix="z3-")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_hanging_session(tmp_path, temp):
     """pytest on a scenario that blocks on both ranks, in its own temp dir; returns it once both ranks
     run, with the pids of the ranks and of every process pytest started (forkserver, resource tracker)."""
-    markers, temp = tmp_path / "markers", tmp_path / "temp"
+    markers = tmp_path / "markers"
     markers.mkdir()
-    temp.mkdir()
     env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu", TMPDIR=str(temp))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(DATA / "hang_case.py"), "--zero3-timeout=600"],
@@ -41,7 +51,9 @@ def _start_hanging_session(tmp_path):
         text=True,
     )
     try:
-        _wait_for(lambda: len(list(markers.iterdir())) == 2, 600, "both ranks to start")  # generous: a loaded box
+        # generous for a loaded box; a pytest that ended meanwhile fails at once, with its output
+        _wait_for(lambda: len(list(markers.iterdir())) == 2 or proc.poll() is not None, 600, "both ranks to start")
+        assert proc.poll() is None, "pytest ended before both ranks started"
         ranks = [int(p.name.split("-")[1]) for p in markers.iterdir()]
         forkserver = int((markers / f"rank-{ranks[0]}").read_text())
         descendants = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
@@ -65,8 +77,8 @@ def _session_files(temp):
     return sorted(p.name for p in temp.iterdir() if p.name.startswith("pytest-zero3-"))
 
 
-def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
-    proc, descendants, temp = _start_hanging_session(tmp_path)
+def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path, short_temp):
+    proc, descendants, temp = _start_hanging_session(tmp_path, short_temp)
     assert _session_files(temp) == [f"pytest-zero3-{os.getuid()}-{proc.pid}"]
     try:
         proc.send_signal(signal.SIGTERM)
@@ -80,13 +92,13 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path):
 
 
 @pytest.mark.slow  # a pytest of its own, whose forkserver imports torch and deepspeed: about 30 s
-def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path):
+def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path, short_temp):
     """SIGKILL (a CI job past its limit, the OOM killer) leaves pytest no chance to clean up: the ranks,
     the forkserver and multiprocessing's resource tracker must still go, within 10 s; the session's temp
     files are removed by the next session (by its pid being gone)."""
     from pytest_zero3 import spawner
 
-    proc, descendants, temp = _start_hanging_session(tmp_path)
+    proc, descendants, temp = _start_hanging_session(tmp_path, short_temp)
     proc.kill()
     proc.wait(timeout=10)
     _wait_for(lambda: not any(map(_running, descendants)), 10, "every rank, the forkserver and the tracker to exit")
