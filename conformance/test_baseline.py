@@ -139,13 +139,7 @@ def test_released_after_every_step(zero3_world):
     ]
     results = _rank0(zero3_world.run(fb.parity_many, runs))
     labels = [f"{m}, zero={kw.get('zero', {})}" for m, kw in runs]
-    bad = [
-        f"{label}, after step {s}: {v}"
-        for result, label in zip(results, labels)
-        for s, lines in enumerate(result["lifecycle"])
-        for v in lines
-    ]
-    assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
+    _assert_nothing_left_after_step(results, labels)
     for result, (model, _) in zip(results, runs):
         if model == "ckpt":
             assert result["recomputed_forwards"] > 0, (
@@ -276,6 +270,12 @@ def test_z3_leaf_first_block(zero3_world):
         assert result["z3_leaves"] == ["0"], (
             f"scenario precondition ({label}): expected the first block ('0') as the only z3 leaf, got {result['z3_leaves']}"
         )
+    _assert_nothing_left_after_step(results, labels)
+    _assert_parity(results, [f"z3 leaf on the first block, {label}" for label in labels])
+
+
+def _assert_nothing_left_after_step(results, labels) -> None:
+    """Each run's per-step lifecycle findings (state left over after ``engine.step()``) must be empty."""
     bad = [
         f"{label}, after step {s}: {v}"
         for result, label in zip(results, labels)
@@ -283,4 +283,3 @@ def test_z3_leaf_first_block(zero3_world):
         for v in lines
     ]
     assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
-    _assert_parity(results, [f"z3 leaf on the first block, {label}" for label in labels])

@@ -52,19 +52,9 @@ SELECT = ("004-a", "004-b", "004-c", "004-f")
 @pytest.fixture(scope="module")
 def save_path_fork(tmp_path_factory):
     """``save_path_fork(contract)``: a fork with that contract's save-path line changed (built once)."""
-    from forks import copy_installed_deepspeed, edit
+    from forks import ForkCache
 
-    built = {}
-
-    def make(contract):
-        if contract not in built:
-            relpath, old, new, _, _ = SAVE_PATH_BUGS[contract]
-            fork = copy_installed_deepspeed(str(tmp_path_factory.mktemp(f"fork-{contract}")))
-            edit(fork, relpath, old, new)
-            built[contract] = fork
-        return built[contract]
-
-    return make
+    return ForkCache(tmp_path_factory, {cid: bug[:3] for cid, bug in SAVE_PATH_BUGS.items()})
 
 
 @pytest.mark.parametrize("contract", sorted(SAVE_PATH_BUGS))

@@ -73,19 +73,9 @@ ENGINE_BUGS = {
 @pytest.fixture(scope="module")
 def engine_fork(tmp_path_factory):
     """``engine_fork(name)``: the fork ``name`` of :data:`ENGINE_BUGS` (built once)."""
-    from forks import copy_installed_deepspeed, edit
+    from forks import ForkCache
 
-    built = {}
-
-    def make(name):
-        if name not in built:
-            _, relpath, old, new, _ = ENGINE_BUGS[name]
-            fork = copy_installed_deepspeed(str(tmp_path_factory.mktemp(f"fork-{name}")))
-            edit(fork, relpath, old, new)
-            built[name] = fork
-        return built[name]
-
-    return make
+    return ForkCache(tmp_path_factory, {name: bug[1:4] for name, bug in ENGINE_BUGS.items()})
 
 
 @pytest.mark.parametrize("name", sorted(ENGINE_BUGS))
