@@ -90,12 +90,32 @@ class ForkserverStuck(Exception):
 _context = None
 _stack_path = ""
 _live: set = set()
+_held = 0  # > 0 while held(): the forkserver outlives the pytest sessions run in this process
+_loaded: tuple = ()  # what the running forkserver was started with (see _fits)
+
+
+def _fits(job: Job) -> tuple:
+    """What a forkserver must share with ``job`` to fork its ranks: the deepspeed it imported (a fork
+    checkout's path), the environment it inherited, and a superset of the modules it preloaded."""
+    from pytest_zero3 import impl
+
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
+    return impl.import_path(job.spec), env, frozenset(job.preload)
 
 
 def context(job: Job):
-    """The forkserver context, started on first use with what ``job`` names loaded."""
-    global _context, _stack_path
+    """The forkserver context, started on first use with what ``job`` names loaded.
+
+    A held forkserver (:func:`held`) is reused by a later session whose job fits it, and replaced by
+    a fresh one when the job does not (another deepspeed, another environment, more preloads).
+    """
+    global _context, _stack_path, _loaded
+    if _context is not None:
+        place, env, preload = _fits(job)
+        if (place, env) != _loaded[:2] or not preload <= _loaded[2]:
+            _stop_server()
     if _context is None:
+        _loaded = _fits(job)
         remove_leftovers()
         here = session_dir(os.getpid())
         shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
@@ -203,11 +223,34 @@ def kill(proc) -> None:
 
 
 def kill_all() -> None:
-    """Kill every live rank; then stop the forkserver.  Safe to call twice; a later :func:`context`
-    writes a fresh payload (the next session in this process may load other modules)."""
-    global _context
+    """Kill every live rank; then stop the forkserver, unless it is :func:`held`.  Safe to call twice;
+    a later :func:`context` writes a fresh payload (the next session in this process may load other
+    modules)."""
     for proc in list(_live):
         kill(proc)
+    if not _held:
+        _stop_server()
+
+
+@contextlib.contextmanager
+def held():
+    """Keep the forkserver warm across the pytest sessions run in this process while inside (pytest
+    runs in-process, as pytester's do): each session's end still kills its ranks, a session whose job
+    does not fit the forkserver replaces it, and the outermost exit stops it.  Without it every session
+    pays the forkserver's imports (seconds) again."""
+    global _held
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+        if not _held:
+            kill_all()
+
+
+def _stop_server() -> None:
+    """Stop the forkserver and remove the session's temp directory."""
+    global _context
     if _context is not None:
         from multiprocessing import forkserver
 

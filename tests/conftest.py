@@ -1,16 +1,25 @@
-"""Helpers for the plugin's own tests: run pytest (the suite or a small test file) in a subprocess.
+"""Helpers for the plugin's own tests: run pytest (the suite or a small test file) and read its report.
 
 The plugin's behaviour is a property of whole pytest runs (options, exit codes, reports, hangs), so
-most tests run a real ``python -m pytest`` in a subprocess and read its output and JSON report.
+most tests run a whole pytest session and read its output and JSON report.  A session that needs a
+process of its own (another environment or directory, a fork checkout's deepspeed, xdist, torchrun)
+runs as ``python -m pytest`` in a subprocess; the others run in this process, as pytester's in-process
+runs do, on a forkserver kept warm between them (``spawner.held``): a subprocess would pay the torch
+and deepspeed imports twice (pytest's collection, the forkserver), about 10 s of CPU per run.
 """
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+
+from pytest_zero3 import impl, spawner
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every pytest these tests start (run_pytest, pytester) imports this checkout's packages, also where an
@@ -57,15 +66,65 @@ class Run:
         return {cid for cid, out in self.outcomes().items() if out == "fail"}
 
 
-@pytest.fixture
-def run_pytest(tmp_path):
-    """``run_pytest(*args, cwd=...)``: run pytest in a subprocess with a JSON report; returns a :class:`Run`."""
+@pytest.fixture(scope="session")
+def warm_forkserver():
+    """One forkserver for this process's in-process pytest sessions (stopped at the end)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    with spawner.held():
+        yield
 
-    def run(*args, cwd=None, timeout=900, env=None):
+
+#: Arguments that need a pytest process of its own.
+_OWN_PROCESS = ("-n", "--numprocesses", "-p", "--zero3-baseline", "--zero3-launcher")
+
+
+def _needs_own_process(args, cwd, env) -> bool:
+    if cwd is not None or env or os.environ.get("DS_ACCELERATOR") != "cpu":
+        return True
+    for arg in map(str, args):
+        if arg.split("=")[0] in _OWN_PROCESS:
+            return True
+        if arg.startswith("--zero3-impl="):
+            try:
+                spec = impl.parse(arg.split("=", 1)[1])
+            except impl.SpecError:
+                return False  # a usage error: no world starts
+            if impl.import_path(spec):  # a fork checkout: its deepspeed, not this process's
+                return True
+    return False
+
+
+def _in_process(args) -> types.SimpleNamespace:
+    """``pytest.main(args)`` here, its output captured; what it added to sys.path is taken out again,
+    and the test modules it imported are forgotten (another run may hold a different file by the name)."""
+    out, path, modules, cwd = io.StringIO(), list(sys.path), set(sys.modules), os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            ret = pytest.main(list(args))
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if name.rpartition(".")[2].startswith(("test_", "conftest")) or name.startswith("conformance"):
+                del sys.modules[name]
+    return types.SimpleNamespace(returncode=int(ret), stdout=out.getvalue(), stderr="")
+
+
+@pytest.fixture
+def run_pytest(tmp_path, warm_forkserver):
+    """``run_pytest(*args, cwd=..., env=...)``: run a pytest session with a JSON report; returns a
+    :class:`Run`.  In this process where it can (see the module's docstring), else in a subprocess;
+    ``own_process=True`` asks for one."""
+
+    def run(*args, cwd=None, timeout=900, env=None, own_process=False):
         report = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
-        full_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", **(env or {}))
+        full = ("-p", "no:cacheprovider", f"--zero3-report={report}", *map(str, args))
+        if not own_process and not _needs_own_process(args, cwd, env):
+            return Run(_in_process(full), report)
+        full_env = dict(os.environ, DS_ACCELERATOR="cpu", **(env or {}))
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--zero3-report={report}", *args],
+            [sys.executable, "-m", "pytest", *full],
             cwd=cwd or ROOT,
             env=full_env,
             capture_output=True,
