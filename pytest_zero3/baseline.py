@@ -48,9 +48,9 @@ def label(spec) -> str:
     return spec.text
 
 
-def shared_args(args, flags=None) -> list:
+def shared_args(args) -> list:
     """``args`` without the options of :data:`NOT_SHARED` (``--opt=value``, ``--opt value`` and switches)."""
-    own = {o.flag: o.switch for o in options.OPTIONS if o.name in NOT_SHARED} if flags is None else flags
+    own = {o.flag: o.switch for o in options.OPTIONS if o.name in NOT_SHARED}
     out, skip = [], False
     for arg in map(str, args):
         if skip:
@@ -64,22 +64,25 @@ def shared_args(args, flags=None) -> list:
     return out
 
 
-def command(config, spec, report_path: str) -> list:
-    """The baseline run: the candidate's pytest command with the baseline as implementation.
-
-    pytest is started so that the working directory is not on the import path (``python -m pytest``
-    would put it first: in a fork's root, the fork's ``deepspeed`` would shadow an installed baseline)."""
+def pytest_command(args) -> list:
+    """A pytest of this interpreter with ``args``, the working directory not on its import path
+    (``python -m pytest`` puts it first: in a fork's root, the fork's ``deepspeed`` would shadow the
+    implementation the run asks for)."""
     start = "import sys; del sys.path[0]; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+    return [sys.executable, "-c", start, *args]
+
+
+def command(config, spec, report_path: str) -> list:
+    """The baseline run: the candidate's pytest command with the baseline as implementation."""
     resets = [part for reset in _INI_RESET for part in ("-o", reset)]
-    return [
-        sys.executable,
-        "-c",
-        start,
-        *shared_args(config.invocation_params.args),
-        f"--zero3-impl={spec.text}",  # the same working directory: a relative path means the same
-        f"--zero3-report={report_path}",
-        *resets,
-    ]
+    return pytest_command(
+        [
+            *shared_args(config.invocation_params.args),
+            f"--zero3-impl={spec.text}",  # the same working directory: a relative path means the same
+            f"--zero3-report={report_path}",
+            *resets,
+        ]
+    )
 
 
 def run(config, spec, directory: str, write_line: Callable[[str], None], drop_env=()) -> dict:
@@ -106,8 +109,10 @@ def run(config, spec, directory: str, write_line: Callable[[str], None], drop_en
         check=False,
     )
     seconds = time.monotonic() - began
+    from pytest_zero3 import report  # which imports this module
+
     judged = proc.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
-    doc = _read(path) if judged else None
+    doc = report.read(path) if judged else None
     if doc is None:
         tail = "\n".join(proc.stdout.rstrip().splitlines()[-TAIL:])
         raise pytest.UsageError(
@@ -126,19 +131,12 @@ def run(config, spec, directory: str, write_line: Callable[[str], None], drop_en
 
 def load(path: str) -> dict:
     """The baseline report a controller saved with :func:`run` (read by pytest-xdist workers)."""
-    doc = _read(path)
+    from pytest_zero3 import report  # which imports this module
+
+    doc = report.read(path)
     if doc is None:
         raise pytest.UsageError(f"--zero3-baseline: the baseline's results at {path} are gone or unreadable.")
     return doc
-
-
-def _read(path: str) -> dict | None:
-    try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("contracts"), list) else None
 
 
 def expected_failures(doc: dict, spec_text: str) -> dict:

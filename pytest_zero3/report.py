@@ -10,24 +10,27 @@ Outcomes are pytest's own, read, never rewritten: a contract listed in ``--zero3
 skip raised as :class:`~pytest_zero3.scenario.Unsupported`, ``world_error`` a world that did not form
 (counted apart from contract failures).  So ``--runxfail``, junitxml and other plugins see the same.
 
-JSON (``schema: "pytest-zero3/report"``, ``version: 3``), specified by ``report.schema.json`` next to
+JSON (``schema: "pytest-zero3/report"``, ``version: 4``), specified by ``report.schema.json`` next to
 this module::
 
-    {"schema": "pytest-zero3/report", "version": 3,
+    {"schema": "pytest-zero3/report", "version": 4,
      "implementation": {"spec", "impl", "deepspeed", "deepspeed_path", "coordinator", "torch",
                         "backend", "world_size"},
+     "baseline": null | {"implementation", "summary", "run", "verdict": {"regression": n, ...}},
      "summary": {"pass": n, "fail": n, "world_error": n, "known_failure": n, "unexpected_pass": n,
                  "unsupported": n, "skipped": n, "not_run": n, "total": n},
      "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "message",
                     "expected_cause", "duration", "tests": [nodeid],
-                    "ranks": [{"rank", "status", "message", "traceback"}]}]}
+                    "ranks": [{"rank", "status", "message", "traceback"}],
+                    "baseline": null | {"outcome", "reason", "message"}, "verdict"}]}
 
 ``reason`` is the expectation's reason for a known failure; ``message`` is the failure itself (fail
 and known_failure), so a report made with an expectations file still shows what failed;
 ``expected_cause`` is the cause the expectations file pins ("" when none).
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
-Version 3 added ``world_error`` and ``expected_cause``; version 2 had neither; version 1 used "FAIL",
+``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  Version 4 added
+the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had neither; version 1 used "FAIL",
 "known failure" and "unexpected pass" and had no "not_run" or "source".
 """
 
@@ -389,6 +392,16 @@ class Report:
                     f"{option}={path}: the report could not be written ({exc.strerror or exc}); "
                     "the results above are all this run kept."
                 )
+
+
+def read(path) -> dict | None:
+    """The JSON report at ``path`` as a dict, or None when there is none (the run wrote no report)."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("contracts"), list) else None
 
 
 def check_writable(option: str, path) -> None:
