@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from forks import BREAK_002A, copy_installed_deepspeed, edit
+
 from pytest_zero3 import gitbisect
 
 GIT_ENV = {

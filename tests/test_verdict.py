@@ -8,9 +8,9 @@ worlds and imports each on a quiet 2-core box), and in-process checks that start
 import importlib.util
 
 import pytest
+from forks import BREAK_002A, FIX_001A
 
 from conftest import ROOT
-from forks import BREAK_002A, FIX_001A
 from pytest_zero3 import baseline
 
 USAGE = pytest.ExitCode.USAGE_ERROR
@@ -102,7 +102,13 @@ def test_the_baseline_run_shares_the_selection_but_not_the_candidate_s_own_optio
         "not slow",
         "--zero3-world-size=3",
     ]
-    assert baseline.shared_args(args) == ["conformance", "--zero3-select=001-a", "-k", "not slow", "--zero3-world-size=3"]
+    assert baseline.shared_args(args) == [
+        "conformance",
+        "--zero3-select=001-a",
+        "-k",
+        "not slow",
+        "--zero3-world-size=3",
+    ]
 
 
 @pytest.mark.parametrize(
