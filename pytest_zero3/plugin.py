@@ -172,6 +172,8 @@ class Zero3Session:
         settings = self.settings
         if settings is None or settings.baseline is None or self.report is None or hasattr(self.config, "workerinput"):
             return
+        if self.config.option.collectonly:  # nothing runs, so nothing is judged
+            return
         from pytest_zero3 import baseline
 
         self._baseline_dir = tempfile.TemporaryDirectory(prefix="zero3-baseline-")

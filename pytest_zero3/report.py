@@ -109,6 +109,8 @@ class Report:
         ]
         if settings.spec.kind == "class":
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
+        if settings.baseline is not None:
+            lines.append(f"zero3: baseline={settings.baseline.text} ({settings.baseline.label}), judged against it")
         if settings.profile != ("fp32",) or settings.config:
             from pytest_zero3.fixtures import profiles
 
