@@ -29,9 +29,9 @@ and known_failure), so a report made with an expectations file still shows what 
 ``expected_cause`` is the cause the expectations file pins ("" when none).
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
-``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  Version 4 added
-the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had neither; version 1 used "FAIL",
-"known failure" and "unexpected pass" and had no "not_run" or "source".
+``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  Version 4
+added the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had
+neither; version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ _COLOURS = {
     Outcome.NOT_RUN: {"yellow": True},
 }
 
+#: The widest outcome label: the width of the baseline's column.
+_LABEL_WIDTH = max(len(o.label) for o in Outcome)
 _VERDICT_COLOURS = {
     baseline.REGRESSION: {"red": True, "bold": True},
     baseline.IMPROVEMENT: {"green": True, "bold": True},
@@ -143,9 +145,9 @@ class Report:
 
         ``raises=KnownFailure``: only a failure of the listed cause is one (see
         :func:`pytest_zero3.expectations.judge`).  ``--zero3-strict`` is pytest's ``strict`` for a
-        contract of one test that the expectations file lists (a contract the baseline fails is never
-        strict: passing it here is an improvement).  A contract of several tests (parametrised) is listed as a whole: some of
-        its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
+        contract of one test that the expectations file lists (one the baseline fails is never strict:
+        passing it here is an improvement).  A contract of several tests (parametrised) is listed as a
+        whole: some of its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
         ``--zero3-strict`` its last test fails in teardown when every one of its tests passed
         (see :meth:`strict_teardown`)."""
         tests: dict[str, list] = {}
@@ -331,12 +333,15 @@ class Report:
             outcome = Outcome(row["outcome"])
             tr.write(f"  {row['id']:<7} {text:<{width}}  ")
             tr.write(f"{outcome.label:<{ours}}" if columns else outcome.label, **_COLOURS.get(outcome, {}))
+            reason = f"  ({row['reason']})" if row["reason"] and outcome != Outcome.PASS else ""
             if columns:
                 theirs = Outcome(row["baseline"]["outcome"]) if row["baseline"] else None
-                tr.write(f"  {theirs.label if theirs else '-':<15}", **_COLOURS.get(theirs, {}) if theirs else {})
+                text = theirs.label if theirs else "-"
+                width_theirs = _LABEL_WIDTH if row["verdict"] or reason else 0
+                tr.write(f"  {text:<{width_theirs}}", **_COLOURS.get(theirs, {}) if theirs else {})
                 if row["verdict"]:
-                    tr.write(f"  {row['verdict']}", **_VERDICT_COLOURS[row["verdict"]])
-            tr.write_line(f"  ({row['reason']})" if row["reason"] and outcome != Outcome.PASS else "")
+                    tr.write(f"  {row['verdict']:<{len(baseline.IMPROVEMENT)}}", **_VERDICT_COLOURS[row["verdict"]])
+            tr.write_line(reason)
         if len(not_run) > NOT_RUN_ROWS:
             tr.write("  " + " ".join(r["id"] for r in not_run) + "  ")
             tr.write(Outcome.NOT_RUN.label, **_COLOURS[Outcome.NOT_RUN])
