@@ -40,6 +40,13 @@ class Expectation:
     reason: str
     match: str | None = None
     raises: str | None = None
+    #: Who lists it: the expectations file, or a baseline that fails the contract too (pytest_zero3.baseline),
+    #: whose entries expect any failure and are never strict (a fix on the candidate is an improvement).
+    source: str = "--zero3-expect"
+
+    @property
+    def from_file(self) -> bool:
+        return self.source == "--zero3-expect"
 
     @property
     def cause(self) -> str:
@@ -124,7 +131,7 @@ class KnownFailure(Failed):
     def __init__(self, cid: str, expectation: Expectation, cause: BaseException):
         listed = f" ({expectation.cause})" if expectation.cause else " (any failure)"
         super().__init__(
-            f"known failure {cid}: {expectation.reason}\nthe failure above is the one --zero3-expect lists{listed}",
+            f"known failure {cid}: {expectation.reason}\nthe failure above is the one {expectation.source} lists{listed}",
             pytrace=False,
         )
         self.cause = cause

@@ -62,20 +62,21 @@ class Spec:
         }[self.kind]
 
 
-def parse(text: str) -> Spec:
-    """Turn the option value into a :class:`Spec`, checking only what needs no import."""
+def parse(text: str, option: str = "--zero3-impl") -> Spec:
+    """Turn the option value into a :class:`Spec`, checking only what needs no import; ``option`` is
+    the option the value came from (``--zero3-baseline`` takes the same SPECs), named in errors."""
     text = (text or "installed").strip()
     if text in ("installed", "reference"):
         return Spec(text, text)
     if ":" in text and not os.path.isdir(text):
         module, _, cls_name = text.rpartition(":")
         if not module or not cls_name.isidentifier():
-            raise SpecError(f"--zero3-impl={text!r}: expected 'module.path:Class' or 'path/to/file.py:Class'.")
+            raise SpecError(f"{option}={text!r}: expected 'module.path:Class' or 'path/to/file.py:Class'.")
         if module.endswith(".py"):
             path = os.path.abspath(module)
             if not os.path.isfile(path):
                 raise SpecError(
-                    f"--zero3-impl={text!r}: file {module!r} does not exist. "
+                    f"{option}={text!r}: file {module!r} does not exist. "
                     "Give the path of the .py file that defines the coordinator class."
                 )
             module = path
@@ -83,14 +84,14 @@ def parse(text: str) -> Spec:
     path = os.path.abspath(text)
     if not os.path.exists(path):
         raise SpecError(
-            f"--zero3-impl={text!r}: no such path. Use 'installed', 'reference', a DeepSpeed "
+            f"{option}={text!r}: no such path. Use 'installed', 'reference', a DeepSpeed "
             "checkout directory, or 'module:Class' / 'file.py:Class'."
         )
     if not os.path.isdir(path):
-        raise SpecError(f"--zero3-impl={text!r} is a file; for a coordinator class write '{text}:ClassName'.")
+        raise SpecError(f"{option}={text!r} is a file; for a coordinator class write '{text}:ClassName'.")
     if not os.path.isfile(os.path.join(path, "deepspeed", "__init__.py")):
         raise SpecError(
-            f"--zero3-impl={text!r}: directory has no 'deepspeed/__init__.py'. Point it at the root "
+            f"{option}={text!r}: directory has no 'deepspeed/__init__.py'. Point it at the root "
             "of a DeepSpeed checkout (the directory that contains the 'deepspeed' package)."
         )
     return Spec(text, "fork", fork_dir=path)
@@ -125,7 +126,7 @@ def prepare_process(spec: Spec) -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(spec))
 
 
-def check_version(spec: Spec) -> None:
+def check_version(spec: Spec, option: str = "--zero3-impl") -> None:
     """:class:`SpecError` when the deepspeed this spec runs on is older than the harness can work with."""
     found = describe_without_import(spec).get("deepspeed", "")
     need = MIN_DEEPSPEED_REFERENCE if spec.kind in ("reference", "class") else MIN_DEEPSPEED
@@ -139,11 +140,11 @@ def check_version(spec: Spec) -> None:
         }
         why = "it wraps DeepSpeedZeRoOffload.release_backward_leftovers, which DeepSpeed added in 0.19.3"
         raise SpecError(
-            f"--zero3-impl={spec.text!r}: {what[spec.kind]} needs deepspeed >= {need}, found {found} ({why}). "
+            f"{option}={spec.text!r}: {what[spec.kind]} needs deepspeed >= {need}, found {found} ({why}). "
             f"Install a newer one (pip install 'deepspeed>={need}'), or run a fork as --zero3-impl=DIR."
         )
     raise SpecError(
-        f"--zero3-impl={spec.text!r}: pytest-zero3 needs deepspeed >= {need}, found {found}: its harness "
+        f"{option}={spec.text!r}: pytest-zero3 needs deepspeed >= {need}, found {found}: its harness "
         f"reads DeepSpeed's ZeRO-3 internals as they are from {need} on and is not built for older ones. "
         f"Run it on a base of {need} or later."
     )

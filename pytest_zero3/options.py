@@ -153,6 +153,16 @@ OPTIONS: tuple[Option, ...] = (
         path=True,
     ),
     Option(
+        "baseline",
+        _text,
+        None,
+        "Judge the implementation against a baseline (same SPEC forms as --zero3-impl, e.g. 'installed' "
+        "or an upstream checkout): the same contracts run on it first; a contract failing there too is "
+        "an expected failure, so only a regression (passes on the baseline, fails here) fails the run.",
+        metavar="SPEC",
+        path=True,
+    ),
+    Option(
         "world_size",
         _world_size,
         2,
@@ -309,6 +319,7 @@ class Settings:
     :func:`settings_from`; the defaults are the table's."""
 
     spec: impl.Spec  # the parsed ``impl`` option
+    baseline: impl.Spec | None  # the parsed ``baseline`` option: what the verdict compares against
     world_size: int
     backend: str  # as configured; a world resolves "auto" with resolve_backend()
     timeout: float
@@ -346,12 +357,12 @@ def _configured(config: pytest.Config, opt: Option) -> tuple[Any, str]:
         raise pytest.UsageError(f"{where} = {raw!r}: {exc}.") from None
     if opt.path:
         base = str(config.inipath.parent if config.inipath else config.invocation_params.dir)
-        value = _spec_from(base, value) if opt.name == "impl" else os.path.join(base, value)
+        value = _spec_from(base, value) if opt.name in ("impl", "baseline") else os.path.join(base, value)
     return value, where
 
 
 def _spec_from(base: str, text: str) -> str:
-    """An ``impl`` value of an ini file, its paths made absolute against the ini file's directory."""
+    """An ``impl`` or ``baseline`` value of an ini file, its paths made absolute against the ini file's directory."""
     if text in ("installed", "reference"):
         return text
     if ":" in text and not os.path.isdir(os.path.join(base, text)):
@@ -366,13 +377,10 @@ def settings_from(config: pytest.Config) -> Settings:
     where: dict[str, str] = {}
     for opt in OPTIONS:
         values[opt.name], where[opt.name] = _configured(config, opt)
-    try:
-        spec = impl.parse(values.pop("impl"))
-        impl.check_version(spec)
-    except impl.SpecError as exc:
-        source = where["impl"]
-        raise pytest.UsageError(str(exc) + ("" if source.startswith("--") else f" (set by {source})")) from None
-    settings = Settings(spec, **values)
+    spec = _spec("impl", values.pop("impl"), where["impl"])
+    text = values.pop("baseline")
+    baseline = _spec("baseline", text, where["baseline"]) if text is not None else None
+    settings = Settings(spec, baseline=baseline, **values)
     if settings.backend == "nccl":
         gpus = gpu_count()
         if gpus < settings.world_size:
@@ -389,6 +397,17 @@ def settings_from(config: pytest.Config) -> Settings:
         except ValueError as exc:
             raise pytest.UsageError(f"{exc} (set by {where['config']})") from None
     return settings
+
+
+def _spec(name: str, text: str, where: str) -> impl.Spec:
+    """The implementation SPEC of option ``name`` (impl, baseline), parsed and checked; else a usage error."""
+    option = f"--zero3-{name}"
+    try:
+        spec = impl.parse(text, option=option)
+        impl.check_version(spec, option=option)
+    except impl.SpecError as exc:
+        raise pytest.UsageError(str(exc) + ("" if where.startswith("--") else f" (set by {where})")) from None
+    return spec
 
 
 def settings(config: pytest.Config) -> Settings:

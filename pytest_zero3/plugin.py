@@ -13,6 +13,7 @@ import atexit
 import os
 import signal
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Callable
 
 import pytest
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from pytest_zero3.report import Report
 
 PLUGIN_NAME = "zero3-session"
+#: The key of a pytest-xdist worker's ``workerinput`` that holds the path of the baseline's results.
+BASELINE_INPUT = "zero3_baseline_report"
 _ASKED: pytest.StashKey[bool] = pytest.StashKey()
 
 
@@ -63,7 +66,9 @@ class Zero3Session:
         self.settings: options.Settings | None = None
         self.report: Report | None = None  # set by activate(): the session is in use
         self._undo: list[Callable[[], object]] = []  # callables restoring what start() changed, newest last
+        self._env_set: list[str] = []  # environment variables start() set (not the user's)
         self._started = False
+        self._baseline_dir: tempfile.TemporaryDirectory | None = None  # the baseline's report, for xdist workers
 
     # -- life cycle ------------------------------------------------------------------------------
     def activate(self) -> options.Settings:
@@ -75,6 +80,11 @@ class Zero3Session:
         settings = options.settings_from(self.config)
         if markers.distributing(self.config):  # its workers collect; a usage error there is an internal error
             markers.check_select(settings.select)
+        if settings.baseline is not None and launcher.active():
+            raise pytest.UsageError(
+                "--zero3-baseline starts a pytest run of its own, which cannot share this launcher's ranks: "
+                "run the verdict without torchrun (the plugin starts the worlds itself)."
+            )
         if settings.spec.kind == "class":
             # Checked before any world starts; importing the user's module may import deepspeed.
             self.start(options.resolve_backend(settings, settings.world_size), settings)
@@ -84,6 +94,11 @@ class Zero3Session:
                 raise pytest.UsageError(str(exc)) from None
         reports = not hasattr(self.config, "workerinput") and not (launcher.active() and launcher.rank() != 0)
         self.report = report.Report(self.config, settings, reports=reports)
+        given = getattr(self.config, "workerinput", {}).get(BASELINE_INPUT)
+        if given:  # a pytest-xdist worker: the controller ran the baseline
+            from pytest_zero3 import baseline
+
+            self.report.use_baseline(baseline.load(given))
         self.settings = settings
         return settings
 
@@ -122,7 +137,9 @@ class Zero3Session:
     def _setdefault_env(self, key: str, value: str) -> None:
         if key not in os.environ:
             os.environ[key] = value
+            self._env_set.append(key)
             self._undo.append(lambda: os.environ.pop(key, None))
+            self._undo.append(lambda: self._env_set.remove(key))
 
     def world(self, request, tmp_path_factory):
         settings = self.activate()
@@ -149,9 +166,34 @@ class Zero3Session:
             startup_timeout=settings.startup_timeout,
         )
 
+    def run_baseline(self) -> None:
+        """``--zero3-baseline``: run the same contracts on the baseline first (in the process that
+        reports: not in an xdist worker, which reads the results the controller passes it)."""
+        settings = self.settings
+        if settings is None or settings.baseline is None or self.report is None or hasattr(self.config, "workerinput"):
+            return
+        if self.config.option.collectonly:  # nothing runs, so nothing is judged
+            return
+        from pytest_zero3 import baseline
+
+        self._baseline_dir = tempfile.TemporaryDirectory(prefix="zero3-baseline-")
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        write = tr.write_line if tr is not None else (lambda line: None)
+        doc = baseline.run(self.config, settings.baseline, self._baseline_dir.name, write, drop_env=self._env_set)
+        self.report.use_baseline(doc)
+
     # -- hooks -------------------------------------------------------------------------------------
     def pytest_report_header(self, config):
         return self.report.header_lines() if self.report is not None else None
+
+    def pytest_sessionstart(self, session):
+        self.run_baseline()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """pytest-xdist: each worker reads the baseline's results the controller saved."""
+        if self._baseline_dir is not None:
+            node.workerinput[BASELINE_INPUT] = os.path.join(self._baseline_dir.name, "baseline.json")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -214,6 +256,9 @@ class Zero3Session:
 
     def pytest_unconfigure(self, config):
         self.stop()
+        if self._baseline_dir is not None:
+            self._baseline_dir.cleanup()
+            self._baseline_dir = None
 
 
 def _uses_zero3(item) -> bool:

@@ -10,25 +10,28 @@ Outcomes are pytest's own, read, never rewritten: a contract listed in ``--zero3
 skip raised as :class:`~pytest_zero3.scenario.Unsupported`, ``world_error`` a world that did not form
 (counted apart from contract failures).  So ``--runxfail``, junitxml and other plugins see the same.
 
-JSON (``schema: "pytest-zero3/report"``, ``version: 3``), specified by ``report.schema.json`` next to
+JSON (``schema: "pytest-zero3/report"``, ``version: 4``), specified by ``report.schema.json`` next to
 this module::
 
-    {"schema": "pytest-zero3/report", "version": 3,
+    {"schema": "pytest-zero3/report", "version": 4,
      "implementation": {"spec", "impl", "deepspeed", "deepspeed_path", "coordinator", "torch",
                         "backend", "world_size"},
+     "baseline": null | {"implementation", "summary", "run", "verdict": {"regression": n, ...}},
      "summary": {"pass": n, "fail": n, "world_error": n, "known_failure": n, "unexpected_pass": n,
                  "unsupported": n, "skipped": n, "not_run": n, "total": n},
      "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "message",
                     "expected_cause", "duration", "tests": [nodeid],
-                    "ranks": [{"rank", "status", "message", "traceback"}]}]}
+                    "ranks": [{"rank", "status", "message", "traceback"}],
+                    "baseline": null | {"outcome", "reason", "message"}, "verdict"}]}
 
 ``reason`` is the expectation's reason for a known failure; ``message`` is the failure itself (fail
 and known_failure), so a report made with an expectations file still shows what failed;
 ``expected_cause`` is the cause the expectations file pins ("" when none).
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
-Version 3 added ``world_error`` and ``expected_cause``; version 2 had neither; version 1 used "FAIL",
-"known failure" and "unexpected pass" and had no "not_run" or "source".
+``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  Version 4
+added the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had
+neither; version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ import warnings
 
 import pytest
 
-from pytest_zero3 import expectations, impl, markers, registry
+from pytest_zero3 import baseline, expectations, impl, markers, registry
 from pytest_zero3.outcome import SEVERITY, Outcome, first_failure
 
-SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 3
+SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 4
 #: The JSON Schema of the report (shipped with the package; scripts/render_matrix.py validates against it).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
 #: The terminal's and the summary's order.
@@ -66,6 +69,14 @@ _COLOURS = {
     Outcome.NOT_RUN: {"yellow": True},
 }
 
+#: The widest outcome label: the width of the baseline's column.
+_LABEL_WIDTH = max(len(o.label) for o in Outcome)
+_VERDICT_COLOURS = {
+    baseline.REGRESSION: {"red": True, "bold": True},
+    baseline.IMPROVEMENT: {"green": True, "bold": True},
+    baseline.CHANGED: {"yellow": True},
+}
+
 _OUTCOMES: pytest.StashKey[list] = pytest.StashKey()
 
 
@@ -78,6 +89,7 @@ class Report:
         checked here, before any world starts."""
         self.config, self.settings, self.reports = config, settings, reports
         self.expected = expectations.load(settings.expect)
+        self.baseline: dict | None = None  # the baseline's report (--zero3-baseline), once it ran
         self.strict = settings.strict
         self.rows: dict[str, dict] = {}  # contract id -> row dict
         self.identity: dict = {}
@@ -99,12 +111,21 @@ class Report:
         ]
         if settings.spec.kind == "class":
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
+        if settings.baseline is not None:
+            lines.append(f"zero3: baseline={settings.baseline.text} ({settings.baseline.label}), judged against it")
         if settings.profile != ("fp32",) or settings.config:
             from pytest_zero3.fixtures import profiles
 
             lines.append("zero3: " + profiles.report_header(settings))
         lines += [f"zero3: warning: {w}" for w in [impl.base_warning(settings.spec)] if w]
         return lines
+
+    def use_baseline(self, doc: dict) -> None:
+        """Take the baseline's results: each contract failing there is expected to fail here (an entry
+        of the expectations file wins for its contract)."""
+        assert self.settings.baseline is not None
+        self.baseline = doc
+        self.expected = {**baseline.expected_failures(doc, baseline.label(self.settings.baseline)), **self.expected}
 
     def check_expectations(self, items) -> None:
         """Warn about listed IDs that name no contract (all collected items: before any deselection)."""
@@ -124,8 +145,9 @@ class Report:
 
         ``raises=KnownFailure``: only a failure of the listed cause is one (see
         :func:`pytest_zero3.expectations.judge`).  ``--zero3-strict`` is pytest's ``strict`` for a
-        contract of one test.  A contract of several tests (parametrised) is listed as a whole: some of
-        its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
+        contract of one test that the expectations file lists (one the baseline fails is never strict:
+        passing it here is an improvement).  A contract of several tests (parametrised) is listed as a
+        whole: some of its tests may pass (000-d passes with prefetch off), so its marks are not strict; under
         ``--zero3-strict`` its last test fails in teardown when every one of its tests passed
         (see :meth:`strict_teardown`)."""
         tests: dict[str, list] = {}
@@ -138,13 +160,14 @@ class Report:
             expected = self.expected.get(cid)
             if expected is None:
                 continue
-            if len(group) > 1:
+            strict = self.strict and expected.from_file
+            if len(group) > 1 and strict:
                 self._pending[cid] = {"left": len(group), "passed": 0, "total": len(group)}
             for item in group:
                 item.add_marker(
                     pytest.mark.xfail(
                         reason=f"known failure {cid}: {expected.reason}",
-                        strict=self.strict and len(group) == 1,
+                        strict=strict and len(group) == 1,
                         raises=expectations.KnownFailure,
                     )
                 )
@@ -235,7 +258,27 @@ class Report:
                         outcome=Outcome.NOT_RUN.value,
                         reason="no test of it ran (deselected, or the run stopped early)",
                     )
-        return [rows[cid] for cid in sorted(rows)]
+        base = baseline.rows(self.baseline)
+        out = []
+        for cid in sorted(rows):
+            row = dict(rows[cid])
+            theirs = base.get(cid)
+            row["baseline"] = {k: theirs[k] for k in ("outcome", "reason", "message")} if theirs else None
+            row["verdict"] = baseline.verdict(row["outcome"], theirs["outcome"] if theirs else None)
+            out.append(row)
+        return out
+
+    def baseline_implementation(self) -> dict | None:
+        """The baseline's part of the JSON report: what ran, its summary, and the verdict's counts."""
+        if self.baseline is None:
+            return None
+        verdicts = [r["verdict"] for r in self.all_rows() if r["verdict"]]
+        return dict(
+            implementation=self.baseline["implementation"],
+            summary=self.baseline["summary"],
+            run=self.baseline.get("baseline_run", {}),
+            verdict={v: verdicts.count(v) for v in (baseline.REGRESSION, baseline.IMPROVEMENT, baseline.CHANGED)},
+        )
 
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
@@ -267,18 +310,38 @@ class Report:
         warning = impl.base_warning(self.settings.spec)
         if warning:
             tr.write_line(f"warning: {warning}", yellow=True)
+        if self.baseline is not None:
+            theirs = self.baseline["implementation"]
+            tr.write_line(
+                f"baseline: {theirs['spec']} ({theirs['impl']}), deepspeed {theirs.get('deepspeed')} "
+                f"from {theirs.get('deepspeed_path')}"
+            )
         tr.write_line("")
         width = min(max(len(r["statement"]) for r in rows), 70)
         not_run = [r for r in rows if r["outcome"] == Outcome.NOT_RUN.value]
         shown = rows
         if len(not_run) > NOT_RUN_ROWS:  # a -k or --zero3-select run: one line, not a screenful
             shown = [r for r in rows if r["outcome"] != Outcome.NOT_RUN.value]
+        base_spec = self.baseline["implementation"]["spec"] if self.baseline is not None else None
+        columns = base_spec is not None  # a column per implementation, and the verdict
+        ours = max(len(Outcome(r["outcome"]).label) for r in shown) if shown else 0
+        if columns:
+            ours = max(ours, len("candidate"))
+            tr.write_line(f"  {'':<7} {'':<{width}}  {'candidate':<{ours}}  baseline")
         for row in shown:
             text = row["statement"] if len(row["statement"]) <= width else row["statement"][: width - 1] + "…"
             outcome = Outcome(row["outcome"])
             tr.write(f"  {row['id']:<7} {text:<{width}}  ")
-            tr.write(outcome.label, **_COLOURS.get(outcome, {}))
-            tr.write_line(f"  ({row['reason']})" if row["reason"] and outcome != Outcome.PASS else "")
+            tr.write(f"{outcome.label:<{ours}}" if columns else outcome.label, **_COLOURS.get(outcome, {}))
+            reason = f"  ({row['reason']})" if row["reason"] and outcome != Outcome.PASS else ""
+            if columns:
+                theirs = Outcome(row["baseline"]["outcome"]) if row["baseline"] else None
+                text = theirs.label if theirs else "-"
+                width_theirs = _LABEL_WIDTH if row["verdict"] or reason else 0
+                tr.write(f"  {text:<{width_theirs}}", **_COLOURS.get(theirs, {}) if theirs else {})
+                if row["verdict"]:
+                    tr.write(f"  {row['verdict']:<{len(baseline.IMPROVEMENT)}}", **_VERDICT_COLOURS[row["verdict"]])
+            tr.write_line(reason)
         if len(not_run) > NOT_RUN_ROWS:
             tr.write("  " + " ".join(r["id"] for r in not_run) + "  ")
             tr.write(Outcome.NOT_RUN.label, **_COLOURS[Outcome.NOT_RUN])
@@ -298,9 +361,16 @@ class Report:
             + ", ".join(f"{counts[k.value]} {k.label}" for k in SHOWN if counts[k.value])
             + f" (of {counts['total']} checked)"
         )
+        if base_spec is not None:
+            tr.write_line(verdict_line(rows, base_spec))
 
     def unexpected_passes(self) -> list:
-        return sorted(cid for cid, row in self.rows.items() if row["outcome"] == Outcome.UNEXPECTED_PASS.value)
+        """Contracts the expectations file lists that passed (a baseline's failure passing is an improvement)."""
+        return sorted(
+            cid
+            for cid, row in self.rows.items()
+            if row["outcome"] == Outcome.UNEXPECTED_PASS.value and cid in self.expected and self.expected[cid].from_file
+        )
 
     def session_finish(self, session) -> None:
         """Write the JSON and Markdown reports; a failed write is told after the table, not raised."""
@@ -311,6 +381,7 @@ class Report:
             schema=SCHEMA,
             version=SCHEMA_VERSION,
             implementation=self.implementation(),
+            baseline=self.baseline_implementation(),
             summary=summary(rows),
             contracts=rows,
         )
@@ -328,6 +399,16 @@ class Report:
                     f"{option}={path}: the report could not be written ({exc.strerror or exc}); "
                     "the results above are all this run kept."
                 )
+
+
+def read(path) -> dict | None:
+    """The JSON report at ``path`` as a dict, or None when there is none (the run wrote no report)."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("contracts"), list) else None
 
 
 def check_writable(option: str, path) -> None:
@@ -376,7 +457,8 @@ def classify(call, rep, expected):
         return Outcome.SKIPPED, rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr), message
     if expected is not None and (hasattr(rep, "wasxfail") or (rep.failed and exc is None)):
         # passed although listed: pytest's xpass, a failure (strict xpass) under --zero3-strict
-        return Outcome.UNEXPECTED_PASS, f"listed in --zero3-expect: {expected.reason}", message
+        listed = f"listed in --zero3-expect: {expected.reason}" if expected.from_file else expected.reason
+        return Outcome.UNEXPECTED_PASS, listed, message
     if isinstance(exc, expectations.CauseMismatch):
         return (
             Outcome.FAIL,
@@ -428,6 +510,7 @@ def summary(rows) -> dict:
 
 def markdown(doc: dict) -> str:
     info = doc["implementation"]
+    theirs = (doc.get("baseline") or {}).get("implementation")
     lines = [
         "## ZeRO-3 conformance",
         "",
@@ -435,16 +518,37 @@ def markdown(doc: dict) -> str:
         f"from `{info.get('deepspeed_path')}`; coordinator `{info.get('coordinator', '?')}`; "
         f"torch {info.get('torch')}; {info['backend']}, {info['world_size']} ranks.",
         "",
-        "| contract | statement | result | reason |",
-        "|---|---|---|---|",
     ]
+    if theirs:
+        lines += [
+            f"Baseline `{theirs['spec']}` ({theirs['impl']}); deepspeed {theirs.get('deepspeed')} "
+            f"from `{theirs.get('deepspeed_path')}`.",
+            "",
+            "| contract | statement | candidate | baseline | change | reason |",
+            "|---|---|---|---|---|---|",
+        ]
+    else:
+        lines += ["| contract | statement | result | reason |", "|---|---|---|---|"]
     for row in doc["contracts"]:
         reason = row["reason"].replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {row['id']} | {row['statement']} | **{Outcome(row['outcome']).label}** | {reason} |")
+        result = f"**{Outcome(row['outcome']).label}**"
+        if theirs:
+            base = Outcome(row["baseline"]["outcome"]).label if row.get("baseline") else "-"
+            change = f"**{row['verdict']}**" if row.get("verdict") else ""
+            result = f"{result} | {base} | {change}"
+        lines.append(f"| {row['id']} | {row['statement']} | {result} | {reason} |")
     s = doc["summary"]
-    lines += [
-        "",
-        ", ".join(f"{s[k.value]} {k.label}" for k in SHOWN if s[k.value]) + f" (of {s['total']} contracts)",
-        "",
-    ]
-    return "\n".join(lines)
+    lines += ["", ", ".join(f"{s[k.value]} {k.label}" for k in SHOWN if s[k.value]) + f" (of {s['total']} contracts)"]
+    if theirs:
+        lines += ["", verdict_line(doc["contracts"], theirs["spec"])]
+    return "\n".join([*lines, ""])
+
+
+def verdict_line(rows, spec: str) -> str:
+    """One line: how the candidate differs from the baseline ``spec``, contract by contract."""
+    parts = []
+    for word in (baseline.REGRESSION, baseline.IMPROVEMENT, baseline.CHANGED):
+        ids = [r["id"] for r in rows if r.get("verdict") == word]
+        if ids:
+            parts.append(f"{len(ids)} {word}{'s' if len(ids) > 1 else ''} ({', '.join(ids)})")
+    return f"against the baseline {spec}: " + (", ".join(parts) if parts else "no difference")

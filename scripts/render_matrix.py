@@ -1,8 +1,8 @@
 """Render the release matrix (contracts x DeepSpeed releases) from the suite's JSON reports.
 
 Used by ``scripts/release-matrix.sh``; reads ``deepspeed-X.Y.Z.json`` (the report, schema
-``pytest-zero3/report``: version 3 is validated against ``pytest_zero3/report.schema.json``; versions
-1 and 2 are read as they are, version 1 with the later outcome words) and ``deepspeed-X.Y.Z.status.json`` (torch used, exit status, or why
+``pytest-zero3/report``: versions 3 and 4 are validated against ``pytest_zero3/report.schema.json``;
+versions 1 and 2 are read as they are, version 1 with the later outcome words) and ``deepspeed-X.Y.Z.status.json`` (torch used, exit status, or why
 the release could not run) from ``--reports``. Writes the table into the README between the
 ``release-matrix`` markers and the failure messages into ``docs/release-matrix.md``, so that every
 FAIL in the table is one click from its message. Generated, never hand-edited: re-run the script.

@@ -145,15 +145,10 @@ def fork_without_checkpoint_fix(tmp_path_factory):
     recompute, so frozen params are partitioned while checkpoint holds them (contract 002-a).
     Session-scoped: the fork's first world builds DeepSpeed's CPU comm op for its own path.
     """
-    from forks import copy_installed_deepspeed, edit
+    from forks import BREAK_002A, copy_installed_deepspeed, edit
 
     fork = copy_installed_deepspeed(str(tmp_path_factory.mktemp("fork")))
-    edit(
-        fork,
-        "runtime/zero/partitioned_param_coordinator.py",
-        "in_checkpoint_recompute = forward and torch._C._current_graph_task_id() != -1",
-        "in_checkpoint_recompute = False",
-    )
+    edit(fork, *BREAK_002A)
     return fork
 
 

@@ -13,6 +13,31 @@ def copy_installed_deepspeed(dest):
     return dest
 
 
+#: Fixes 001-a on 0.19.8 (two leaks, the bug of DeepSpeed PR 8883): destroy() drops the root module it
+#: pushed on FWD_MODULE_STACK, and the release sets are no longer lru_cache'd (class-level, keyed by the
+#: coordinator and its modules).
+FIX_001A = [
+    (
+        "runtime/zero/parameter_offload.py",
+        "    def destroy(self):\n        self._remove_module_hooks()\n",
+        "    def destroy(self):\n        self._remove_module_hooks()\n"
+        "        FWD_MODULE_STACK[:] = [m for m in FWD_MODULE_STACK if m is not self.module]\n",
+    ),
+    (
+        "runtime/zero/partitioned_param_coordinator.py",
+        "    @functools.lru_cache(maxsize=None)\n    def __params_to_release(",
+        "    def __params_to_release(",
+    ),
+]
+#: Breaks 002-a (undoes the 0.19.3 checkpoint fix): the coordinator no longer recognises forward hooks that
+#: run inside a backward recompute, so frozen params are partitioned while checkpoint holds them.
+BREAK_002A = (
+    "runtime/zero/partitioned_param_coordinator.py",
+    "in_checkpoint_recompute = forward and torch._C._current_graph_task_id() != -1",
+    "in_checkpoint_recompute = False",
+)
+
+
 def edit(fork_dir, relpath, old, new):
     """Replace ``old`` (which must occur) with ``new`` in one file of the fork."""
     path = os.path.join(fork_dir, "deepspeed", relpath)
@@ -24,15 +49,16 @@ def edit(fork_dir, relpath, old, new):
 
 class ForkCache:
     """``forks(name)``: a copy of the installed deepspeed with ``edits[name] = (relpath, old, new)``
-    applied, built once per cache (a module-scoped fixture holds one)."""
+    (or a list of such edits) applied, built once per cache (a module-scoped fixture holds one)."""
 
     def __init__(self, tmp_path_factory, edits):
         self._factory, self._edits, self._built = tmp_path_factory, edits, {}
 
     def __call__(self, name):
         if name not in self._built:
-            relpath, old, new = self._edits[name]
+            edits = self._edits[name]
             fork = copy_installed_deepspeed(str(self._factory.mktemp(f"fork-{name}")))
-            edit(fork, relpath, old, new)
+            for relpath, old, new in edits if isinstance(edits, list) else [edits]:
+                edit(fork, relpath, old, new)
             self._built[name] = fork
         return self._built[name]

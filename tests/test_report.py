@@ -25,7 +25,8 @@ def test_table_json_markdown_and_junit(run_pytest, tmp_path):
     assert "SKIPPED [1] tests/data/contracts_case.py:30: pytest_zero3.scenario.Unsupported: config rejects" in out
 
     doc = run.report
-    assert (doc["schema"], doc["version"]) == ("pytest-zero3/report", 3)
+    assert (doc["schema"], doc["version"]) == ("pytest-zero3/report", 4)
+    assert doc["baseline"] is None and all(c["baseline"] is None and c["verdict"] == "" for c in doc["contracts"])
     assert doc["summary"] == {
         "pass": 1,
         "fail": 1,

@@ -1,0 +1,150 @@
+"""The verdict against upstream (issue 22): ``--zero3-baseline=SPEC`` runs the same contracts on the
+baseline first, and only a regression (passes there, fails here) fails the run.
+
+Cost: two fork runs of two cheap contracts (each a baseline pytest and the candidate's, ~15 s of
+worlds and imports each on a quiet 2-core box), and in-process checks that start no world.
+"""
+
+import importlib.util
+import re
+
+import pytest
+from forks import BREAK_002A, FIX_001A
+
+from conftest import ROOT
+from pytest_zero3 import baseline
+
+USAGE = pytest.ExitCode.USAGE_ERROR
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    """Copies of the installed deepspeed 0.19.8: unchanged (an upstream checkout), with 001-a fixed,
+    and with 001-a fixed and 002-a broken."""
+    from forks import ForkCache
+
+    return ForkCache(
+        tmp_path_factory,
+        {"upstream": [], "fixed": FIX_001A, "fixed_and_broken": [*FIX_001A, BREAK_002A]},
+    )
+
+
+def _schema_problems(doc):
+    spec = importlib.util.spec_from_file_location("render_matrix", ROOT / "scripts" / "render_matrix.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    return render.validate(doc, render.schema())
+
+
+@pytest.mark.slow
+def test_a_fork_with_one_fix_and_one_break_shows_the_improvement_and_fails_on_the_regression_only(
+    run_suite, forks, tmp_path
+):
+    """Why: a fork maintainer asks what the fork changes against upstream; the gate must go red for
+    the contract it broke, and show, not hide, the one it fixed (stock 0.19.8 fails 001-a)."""
+    md = tmp_path / "verdict.md"
+    run = run_suite(forks("fixed_and_broken"), "001-a,002-a", "--zero3-baseline=installed", f"--zero3-report-md={md}")
+    assert run.returncode == 1, run.stdout[-4000:]
+    assert run.outcomes() == {"001-a": "unexpected_pass", "002-a": "fail"}, run.stdout[-4000:]
+    rows = {c["id"]: c for c in run.report["contracts"]}
+    assert rows["001-a"]["verdict"] == "improvement" and rows["001-a"]["baseline"]["outcome"] == "fail"
+    assert rows["002-a"]["verdict"] == "regression" and rows["002-a"]["baseline"]["outcome"] == "pass"
+    assert rows["001-a"]["reason"].startswith("fails on the baseline installed: AssertionError")
+    base = run.report["baseline"]
+    assert base["implementation"]["spec"] == "installed" and base["run"]["exit_status"] == 1
+    assert base["verdict"] == {"regression": 1, "improvement": 1, "changed": 0}
+    assert _schema_problems(run.report) == []
+    out = run.stdout
+    assert "zero3: running the baseline installed first" in out
+    assert "against the baseline installed: 1 regression (002-a), 1 improvement (001-a)" in out
+    assert re.search(r"=+ 1 failed, \d+ deselected, 1 xpassed in", out)  # pytest made the outcomes: FAIL and XPASS
+    assert "zero3: baseline=installed (installed deepspeed), judged against it" in out  # the header
+    text = md.read_text()
+    assert "| candidate | baseline | change |" in text and "| **FAIL** | pass | **regression** |" in text
+
+
+@pytest.mark.slow
+def test_a_fork_with_only_the_fix_passes_against_an_upstream_checkout(run_suite, forks):
+    """Why: a fork that only fixes passes its gate with no expectations file; the baseline may be a
+    checkout (DIR) as well as the installed package."""
+    upstream = forks("upstream")
+    run = run_suite(forks("fixed"), "001-a", f"--zero3-baseline={upstream}")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.outcomes() == {"001-a": "unexpected_pass"}
+    (row,) = run.report["contracts"]
+    assert row["verdict"] == "improvement"
+    assert run.report["baseline"]["implementation"]["deepspeed_path"] == f"{upstream}/deepspeed"
+    assert f"against the baseline {upstream}: 1 improvement (001-a)" in run.stdout
+
+
+def test_a_bad_baseline_is_a_usage_error_before_anything_runs(pytester, tmp_path):
+    """Why: the error names the option and the fix, before a baseline or a world starts."""
+    pytester.makepyfile(test_trivial="def test_one():\n    pass\n")
+    result = pytester.runpytest_inprocess("test_trivial.py", f"--zero3-baseline={tmp_path}")
+    assert result.ret == USAGE, result.outlines
+    assert f"--zero3-baseline='{tmp_path}': directory has no 'deepspeed/__init__.py'" in result.stderr.str()
+    assert "running the baseline" not in result.stdout.str()
+
+
+def test_the_baseline_run_shares_the_selection_but_not_the_candidate_s_own_options(pytester):
+    """The baseline run gets the candidate's arguments (tests, -k, --zero3-select, profiles, world size)
+    without the options that are the candidate's alone; its own impl and report come last."""
+    args = [
+        "conformance",
+        "--zero3-impl",
+        "/fork",
+        "--zero3-select=001-a",
+        "--zero3-expect=e.toml",
+        "--zero3-strict",
+        "--zero3-baseline=installed",
+        "--zero3-report",
+        "r.json",
+        "--zero3-report-md=r.md",
+        "-k",
+        "not slow",
+        "--zero3-world-size=3",
+    ]
+    assert baseline.shared_args(args) == [
+        "conformance",
+        "--zero3-select=001-a",
+        "-k",
+        "not slow",
+        "--zero3-world-size=3",
+    ]
+
+
+@pytest.mark.parametrize(
+    "candidate, base, verdict",
+    [
+        ("fail", "pass", "regression"),
+        ("known_failure", "pass", "regression"),  # listed in the expectations file: still a regression
+        ("unexpected_pass", "fail", "improvement"),
+        ("pass", "fail", "improvement"),
+        ("known_failure", "fail", ""),
+        ("pass", "pass", ""),
+        ("unsupported", "pass", "changed"),
+        ("fail", "unsupported", "changed"),
+        ("world_error", "pass", "changed"),
+        ("not_run", "fail", ""),
+        ("fail", None, ""),
+    ],
+)
+def test_the_verdict_of_each_pair_of_outcomes(candidate, base, verdict):
+    assert baseline.verdict(candidate, base) == verdict
+
+
+def test_only_the_baseline_s_failures_are_expected():
+    """A contract the baseline could not judge expects nothing: failing it here fails the run."""
+    doc = {
+        "contracts": [
+            {"id": "001-a", "outcome": "fail", "reason": "AssertionError: leaked\nmore"},
+            {"id": "003-a", "outcome": "unsupported", "reason": "config rejects the keys"},
+            {"id": "base-a", "outcome": "world_error", "reason": "rank 1 unformed"},
+            {"id": "002-a", "outcome": "pass", "reason": ""},
+        ]
+    }
+    expected = baseline.expected_failures(doc, "installed")
+    assert list(expected) == ["001-a"]
+    assert expected["001-a"].reason == "fails on the baseline installed: AssertionError: leaked"
+    assert not expected["001-a"].from_file and expected["001-a"].cause == ""  # any failure, never strict
+    assert baseline.rows(doc)["003-a"] is doc["contracts"][1]
