@@ -239,6 +239,27 @@ CASES = (
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
     ),
+    Case(
+        "trace_past_end.py:TracePastEnd",
+        "a pass longer than the recorded trace indexes past its end",
+        frozenset({"rule-a"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "inflight_after_divergence.py:InflightAfterDivergence",
+        '"still have inflight params" after a pass that diverged from the trace with prefetches in flight',
+        frozenset({"rule-a"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "backward_in_eval_mode.py:BackwardInEvalMode",
+        '"backward pass is invalid for module in evaluation mode" for a submodule in eval() while training',
+        frozenset({"rule-a"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
     # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
     Case(
         "grows_fetch_log.py:GrowsFetchLog",
