@@ -283,3 +283,35 @@ def _assert_nothing_left_after_step(results, labels) -> None:
         for v in lines
     ]
     assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
+
+
+@pytest.mark.zero3_contract("base-k")
+def test_trace_cache_warnings_follow_the_key(zero3_world):
+    """``log_trace_cache_warnings`` (ZeRO config, default false): "Whether to log warnings from trace cache,
+    such as invalidation events" (``DeepSpeedZeroConfig``).  0.19.8's ``trace_prologue`` prints its invalidation message
+    with ``print_rank_0(..., force=self.__log_trace_cache_warnings)``.  A model whose layer order
+    reverses at step 3 invalidates the trace there; run with the key absent, false and true, every step
+    captured (stdout, stderr, WARNING records, Python warnings).  Absent or false: no line mentioning the
+    trace in any step (a trace that is invalidated every step, as with data-dependent branches, would
+    flood the logs); true: rank 0 reports the invalidation in step 3.
+    """
+    step = fb.TRACE_WARNING_STEP
+    problems = []
+    settings = (None, False, True)
+    per_rank = zero3_world.run(fb.trace_cache_warnings, settings)
+    for i, setting in enumerate(settings):
+        label = "key absent" if setting is None else f"log_trace_cache_warnings={str(setting).lower()}"
+        runs = [rank_runs[i] for rank_runs in per_rank]
+        for rank, run in enumerate(runs):
+            if not run["complete"][step - 1] or run["complete"][step]:
+                problems.append(
+                    f"{label}: rank {rank}: the scenario did not invalidate a complete trace at step {step} "
+                    f"(is_complete_trace() after each step: {run['complete']})"
+                )
+            if setting:
+                continue
+            for s, lines in enumerate(run["lines"]):
+                problems += [f"{label}: rank {rank}: step {s} logged a trace-cache message: {line!r}" for line in lines]
+        if setting and not runs[0]["lines"][step]:
+            problems.append(f"{label}: rank 0 logged nothing about the trace invalidated at step {step}")
+    assert not problems, "\n".join(problems)

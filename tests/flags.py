@@ -218,6 +218,48 @@ CASES = (
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
     ),
+    Case(
+        "prefetch_charges_gathered.py:PrefetchChargesGathered",
+        "params already gathered charged against the prefetch bucket",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "no_prefetch_in_eval.py:NoPrefetchInEval",
+        "no prefetch while the fetched module is in eval mode",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "trace_warnings_always.py:TraceWarningsAlways",
+        "`log_trace_cache_warnings` ignored: every trace invalidation warned",
+        frozenset({"base-k"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "trace_past_end.py:TracePastEnd",
+        "a pass longer than the recorded trace indexes past its end",
+        frozenset({"rule-a"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "inflight_after_divergence.py:InflightAfterDivergence",
+        '"still have inflight params" after a pass that diverged from the trace with prefetches in flight',
+        frozenset({"rule-a"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "backward_in_eval_mode.py:BackwardInEvalMode",
+        '"backward pass is invalid for module in evaluation mode" for a submodule in eval() while training',
+        frozenset({"rule-a"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
     # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
     Case(
         "grows_fetch_log.py:GrowsFetchLog",

@@ -159,33 +159,66 @@ def test_persistent_params_stay_within_the_step():
     assert rules_of(r.judge(cfg, [first, dropped])) == ["rule-e", "rule-f"]
 
 
+#: The gathered sets of a correct coordinator at reuse distance 0 with a one-layer bucket on ``mlp_events(3)``
+#: (trace L0 L1 L2 L2 L1 L0): after each fetch the next layer not yet gathered is in flight.
+PREFETCH_ONE = ["w0 w1~", "w1~", "w1 w2~", "w2~", "w2 w1~", "w1~", "w2 w1~ w0~", "w1~ w0~", "w1 w0~", "w0~", "w0", ""]
+
+
 def test_prefetch_window_and_bucket():
     """ZeRO docs, ``stage3_prefetch_bucket_size``: "The size of the fixed buffer for prefetching
-    parameters"; PPC prefetches in trace order until the bucket's numel is reached, only with bucket > 0.
-    In-flight params count as gathered (an in-flight all-gather holds its output buffer)."""
+    parameters"; PPC ``_fetch_sub_module_impl`` prefetches in trace order until the bucket's numel is
+    reached, only with bucket > 0.  In-flight params count as gathered (an in-flight all-gather holds
+    its output buffer).  Exact: too far and too little are both rule-d's."""
     no_prefetch = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
     early = list(RELEASE_ALL)
     early[0] = "w0 w1~"  # w1 in flight at L0's start
     steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), early)]
     assert rules_of(r.judge(no_prefetch, steps)) == ["rule-d"]
     one_layer = dataclass_replace(no_prefetch, prefetch_bucket=N)
-    assert r.judge(one_layer, steps) == []
-    too_far = list(RELEASE_ALL)
+    assert r.judge(one_layer, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), PREFETCH_ONE)]) == []
+    too_far = list(PREFETCH_ONE)
     too_far[0] = "w0 w1~ w2~"
     steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), too_far)]
     assert rules_of(r.judge(one_layer, steps)) == ["rule-d"]
-    assert r.judge(dataclass_replace(no_prefetch, prefetch_bucket=2 * N), steps) == []
+    # too little: the prefetch after L0's fetch never issued
+    short = list(PREFETCH_ONE)
+    short[0], short[1] = "w0", ""
+    found = r.judge(one_layer, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), short)])
+    assert [(v.rule, v.event, v.param) for v in found][:1] == [("rule-d", 0, "w1")]
+    # an eval forward prefetches like a training one (nothing in fetch_sub_module reads module.training)
+    fwd_only = mlp_events()[:6]
+    lazy_eval = step(fwd_only, ["w0", "", "w1", "", "w2", ""])
+    found = r.judge(one_layer, [step(mlp_events(), RELEASE_ALL), lazy_eval])
+    assert [(v.rule, v.event, v.param) for v in found][:1] == [("rule-d", 0, "w1")]
+
+
+def test_gathered_params_are_skipped_without_charge():
+    """PPC ``_fetch_sub_module_impl``: ``do_prefetch = param.ds_status == NOT_AVAILABLE`` and
+    ``numel_prefetching`` grows only for a prefetched param.  At L2's forward start w2 (gathered, its
+    backward use next in the trace) is skipped, and the one-layer bucket still takes w1: a prefetcher
+    that charges w2 against the bucket stops there."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=N, persistence_threshold=0)
+    charged = list(PREFETCH_ONE)
+    charged[4], charged[5] = "w2", ""
+    found = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), charged)])
+    assert [(v.rule, v.event, v.param) for v in found][:1] == [("rule-d", 4, "w1")]
 
 
 def test_max_live_parameters_bounds_prefetch():
     """ZeRO docs, ``stage3_max_live_parameters``: "The maximum number of parameters resident per GPU
-    before releasing"; PPC limits a prefetch to ``max_available - n_available``."""
+    before releasing"; PPC limits a prefetch to ``max_available - n_available``, the numel gathered or in
+    flight after the module's own fetch."""
     cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=10 * N, max_live=1, persistence_threshold=0)
     far = list(RELEASE_ALL)
     far[0] = "w0 w1~ w2~"
     steps = [step(mlp_events(), RELEASE_ALL), step(mlp_events(), far)]
-    assert [v.rule for v in r.judge(cfg, steps)] == ["rule-d"]
-    assert r.judge(dataclass_replace(cfg, max_live=N + 1), steps) == []
+    assert {v.rule for v in r.judge(cfg, steps)} == {"rule-d"}
+    assert r.judge(cfg, [step(mlp_events(), RELEASE_ALL)] * 2) == []
+    # one element of room: each prefetch takes one layer, none at all where two layers are live (L2's backward)
+    capped = ["w0 w1~", "w1~", "w1 w2~", "w2~", "w2 w1~", "w1~", "w2 w1~", "w1~", "w1 w0~", "w0~", "w0", ""]
+    room = dataclass_replace(cfg, max_live=N + 1)
+    assert r.judge(room, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), capped)]) == []
+    assert {v.rule for v in r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), capped)])} == {"rule-d"}
 
 
 def test_gather_count_is_exact():
