@@ -94,11 +94,8 @@ def test_zoo(zero3_world, zero3_zoo, contract):
             f"scenario precondition ({model}, {fz.describe(per_rank[0]['zero'])}): the probe saw {steps} "
             f"passes, expected {fz.STEPS} training steps and the generate() forwards"
         )
-    import os
-
-    if os.environ.get("ZOO_DEBUG"):
-        print(model, [[r.get("T") for r in pr] for pr in runs])
-    problems = [line for per_rank in runs for line in fz.problems(per_rank)]
-    if len(problems) > 20:
-        problems = problems[:20] + [f"... {len(problems) - 20} more"]
-    assert not problems, f"{model} under ZeRO-3:\n" + "\n".join(problems)
+    problems = [found for per_rank in runs for found in fz.problems(per_rank)]
+    lines = [line for _, line in problems]
+    if len(lines) > 20:
+        lines = lines[:20] + [f"... {len(lines) - 20} more"]
+    assert not problems, f"{model} under ZeRO-3: {fz.summary(kind for kind, _ in problems)}\n" + "\n".join(lines)
