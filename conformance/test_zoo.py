@@ -34,34 +34,37 @@ MODEL_OF = {"zoo-a": "llama", "zoo-b": "gpt2", "zoo-c": "t5", "zoo-d": "mixtral"
 
 
 class ZooRun:
-    """The session's one run of the zoo: every model whose contract the session selected, in one world."""
+    """The session's runs of the zoo: every model whose contract the session selected, in one world.
+
+    Under pytest-xdist each worker sees every collected item but runs only some, so there each test runs
+    its own model in its own world (with ``--dist loadgroup`` the ``xdist_group`` keeps them on one worker).
+    """
 
     def __init__(self, session):
-        self.models = []
-        for item in session.items:
-            mark = item.get_closest_marker("zero3_contract")
-            cid = mark.args[0] if mark is not None and mark.args else None
-            if cid in MODEL_OF and MODEL_OF[cid] not in self.models:
-                self.models.append(MODEL_OF[cid])
-        self.results: dict | None = None
-        self.error: BaseException | None = None
+        self.models: list[str] = []
+        if not hasattr(session.config, "workerinput"):
+            for item in session.items:
+                mark = item.get_closest_marker("zero3_contract")
+                cid = mark.args[0] if mark is not None and mark.args else None
+                if cid in MODEL_OF and MODEL_OF[cid] not in self.models:
+                    self.models.append(MODEL_OF[cid])
+        self.results: dict[str, list[list[dict]]] = {}
+        self.errors: dict[str, BaseException] = {}
 
     def of(self, zero3_world, model: str) -> list[list[dict]]:
-        """Per config, each rank's record of ``model`` (the world runs at the first call)."""
-        if self.results is None and self.error is None:
-            models = self.models if model in self.models else [model]
+        """Per config, each rank's record of ``model`` (its world runs at the first call that needs it)."""
+        if model not in self.results and model not in self.errors:
+            pending = [m for m in self.models if m not in self.results and m not in self.errors]
+            models = pending if model in pending else [model]
             try:
                 per_rank = zero3_world.run(fz.run_zoo, models)
-            except BaseException as exc:  # every zoo contract of the session fails with the world's failure
-                self.error = exc
+            except BaseException as exc:  # every contract of the world fails with the world's failure
+                self.errors.update(dict.fromkeys(models, exc))
                 raise
-            self.results = {m: [[rank[m][i] for rank in per_rank] for i in range(len(fz.CONFIGS))] for m in models}
-        if self.error is not None:
-            raise self.error
-        assert self.results is not None
-        if model not in self.results:  # not selected at collection (a plugin added it): run it alone
-            per_rank = zero3_world.run(fz.run_zoo, [model])
-            self.results[model] = [[rank[model][i] for rank in per_rank] for i in range(len(fz.CONFIGS))]
+            for m in models:
+                self.results[m] = [[rank[m][i] for rank in per_rank] for i in range(len(fz.CONFIGS))]
+        if model in self.errors:
+            raise self.errors[model]
         return self.results[model]
 
 
@@ -94,6 +97,20 @@ def test_zoo(zero3_world, zero3_zoo, contract):
             f"scenario precondition ({model}, {fz.describe(per_rank[0]['zero'])}): the probe saw {steps} "
             f"passes, expected {fz.STEPS} training steps and the generate() forwards"
         )
+    for per_rank in runs:
+        if "error" in per_rank[0]:
+            continue
+        label = f"{model}, {fz.describe(per_rank[0]['zero'])}"
+        assert all(fz.prefetched(r) for r in per_rank), (
+            f"scenario precondition ({label}): no hook event after the first pass gathered params ahead of its "
+            f"module: prefetch (bucket {fz.PREFETCH_BUCKET}) never ran"
+        )
+        if model == "llava":
+            held = per_rank[0]["eval_in_training"]
+            assert {"model.vision_tower", "model.multi_modal_projector"} <= set(held), (
+                f"scenario precondition ({label}): the vision tower and the projector must be in eval() while "
+                f"training; modules in eval(): {held[:8]}"
+            )
     problems = [found for per_rank in runs for found in fz.problems(per_rank)]
     lines = [line for _, line in problems]
     if len(lines) > 20:
