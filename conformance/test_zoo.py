@@ -3,8 +3,8 @@
 Why: the rule family's generated models are Linear chains; real models bring what users run into:
 tied embeddings shared by the first and last module (GPT-2, T5), an encoder that ``generate()`` calls
 outside the root module's forward (T5), data-dependent expert routing behind z3 leaves (Mixtral), a
-frozen tower and a trainable projector in ``eval()`` while the rest trains (LLaVA), rotary and
-relative-position modules without params, KV-cache generation loops whose passes differ in length
+frozen tower and a trainable projector in ``eval()`` while the rest trains (LLaVA), rotary-embedding
+modules without params, KV-cache generation loops whose passes differ in length
 from the recorded training pass, and persistent norms next to partitioned matrices.
 
 One contract per model: each model is a shape of real training, and a fork's failure names the model
