@@ -34,8 +34,8 @@ import pytest
 
 from pytest_zero3 import dsops
 from pytest_zero3 import rank as rank_mod
-from pytest_zero3.outcome import HUNG, RankOutcome
-from pytest_zero3.world import BaseWorld
+from pytest_zero3.outcome import HUNG, UNFORMED, GroupNotFormed, RankOutcome
+from pytest_zero3.world import FORM_ATTEMPTS, BaseWorld, WorldNotFormed, not_formed_text
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 #: Seconds a rank waits for the others' outcomes after the scenario deadline (their exchange itself).
@@ -105,7 +105,11 @@ class LauncherWorld(BaseWorld):
             mine.identity = _identity()
         mine = post(mine)  # or what the stack watch posted already: every rank sees the same verdict
         deadline = max(start + self.timeout, time.monotonic()) + EXCHANGE_GRACE
-        return gather(store, f"{KEY_PREFIX}/{key}", mine, self.size, deadline, self.timeout)
+        outcomes = gather(store, f"{KEY_PREFIX}/{key}", mine, self.size, deadline, self.timeout)
+        if any(o.status == UNFORMED for o in outcomes):  # every rank agreed on it (see _form_group)
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise WorldNotFormed(not_formed_text([outcomes], name, self.size), [outcomes])
+        return outcomes
 
     def _base_store(self):
         """The launcher's key-value store, reached once through an ``env://`` rendezvous (and kept)."""
@@ -141,28 +145,43 @@ def _in_fresh_group(key: str, backend: str, timeout: float, store, fn, args, kwa
     that from failing the tests after it, and a rank that never arrives fails this scenario's join
     (after ``timeout``, the process group's timeout too) instead of pairing with a later one.
     """
+    _form_group(key, backend, timeout, store)
+    return fn(*args, **kwargs)
+
+
+def _form_group(key: str, backend: str, timeout: float, store) -> None:
+    """Form a fresh default group, as a forked world forms with fresh ranks: a try that fails on any
+    rank (a gloo connect error under load) is dropped by every rank and tried again under a new key,
+    and the ranks agree on each try's result through the launcher's store before anyone goes on."""
     import torch.distributed as dist
 
+    size, me = int(os.environ["WORLD_SIZE"]), rank()
+    wait = datetime.timedelta(seconds=timeout)
+    why = ""
+    for attempt in range(FORM_ATTEMPTS):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        # Group names come from a counter that must agree across ranks; a failed join counted a group
+        # that does not exist (destroy_process_group resets the counter only when there was a group).
+        dist.distributed_c10d._world.group_count = 0
+        _forget_deepspeed_groups()
+        prefix = f"{GROUP_PREFIX}/{key}/try{attempt}"
+        try:
+            dist.init_process_group(
+                backend, store=dist.PrefixStore(prefix, store), rank=me, world_size=size, timeout=wait
+            )
+            mine = ""
+        except Exception as exc:
+            mine = f"rank {me} could not join within {timeout:g} s: {type(exc).__name__}: {exc}".replace("\n", " ")
+        store.set(f"{prefix}/formed/{me}", mine or "ok")
+        store.wait([f"{prefix}/formed/{r}" for r in range(size)], wait)
+        failed = [text for r in range(size) if (text := store.get(f"{prefix}/formed/{r}").decode()) != "ok"]
+        if not failed:
+            return
+        why = "; ".join(failed)
     if dist.is_initialized():
         dist.destroy_process_group()
-    # Group names come from a counter that must agree across ranks; a failed join counted a group
-    # that does not exist (destroy_process_group resets the counter only when there was a group).
-    dist.distributed_c10d._world.group_count = 0
-    _forget_deepspeed_groups()
-    try:
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"{GROUP_PREFIX}/{key}", store),
-            rank=rank(),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            timeout=datetime.timedelta(seconds=timeout),
-        )
-    except Exception as exc:
-        raise RuntimeError(
-            f"rank {rank()} could not join this scenario's process group within {timeout:g} s: "
-            f"another rank did not arrive ({type(exc).__name__}: {exc})"
-        ) from None
-    return fn(*args, **kwargs)
+    raise GroupNotFormed(f"this scenario's process group did not form in {FORM_ATTEMPTS} tries: {why}")
 
 
 def _forget_deepspeed_groups() -> None:

@@ -76,6 +76,11 @@ PEER_GONE = (
 )
 
 
+class GroupNotFormed(Exception):
+    """Launcher mode: the scenario's process group did not form in every try on some rank (every rank
+    raises it, having agreed through the launcher's store), so the scenario never ran: ``UNFORMED``."""
+
+
 @dataclasses.dataclass
 class RankOutcome:
     rank: int

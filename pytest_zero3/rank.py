@@ -26,7 +26,17 @@ import traceback
 
 from pytest_zero3 import spawner
 from pytest_zero3.job import Attempt
-from pytest_zero3.outcome import HUNG, PASSED, RAISED, SKIPPED, UNFORMED, UNSUPPORTED, XFAILED, RankOutcome
+from pytest_zero3.outcome import (
+    HUNG,
+    PASSED,
+    RAISED,
+    SKIPPED,
+    UNFORMED,
+    UNSUPPORTED,
+    XFAILED,
+    GroupNotFormed,
+    RankOutcome,
+)
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -127,6 +137,8 @@ def ending(rank: int, exc: BaseException) -> RankOutcome:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None))
     if isinstance(exc, Timeout):
         return RankOutcome(rank, HUNG, message=str(exc), traceback=tb)
+    if isinstance(exc, GroupNotFormed):
+        return RankOutcome(rank, UNFORMED, message=str(exc), traceback=tb)
     return RankOutcome(rank, RAISED, message=f"{type(exc).__name__}: {exc}".strip(), traceback=tb)
 
 

@@ -166,9 +166,10 @@ def test_torchrun_launcher_mode_every_ending_is_every_ranks_outcome(tmp_path):
 @needs_torchrun
 @pytest.mark.slow  # two pytest processes under torchrun: about 60 s
 def test_torchrun_rank_zero_reports_whatever_failed_on_which_rank(tmp_path):
-    """A test failing on rank 1 only, a rank stuck where the watchdog cannot reach, and a fresh (empty)
-    extensions cache: rank 0 prints the table and writes the report, the stuck rank's stack is in the
-    failure, and no op is compiled (tests/data/torchrun_report_case.py)."""
+    """A test failing on rank 1 only, a rank stuck where the watchdog cannot reach, a fresh (empty)
+    extensions cache, and process groups that fail to form: rank 0 prints the table and writes the
+    report, the stuck rank's stack is in the failure, no op is compiled, a group that failed to form
+    is formed again, and one that never forms is a world error (tests/data/torchrun_report_case.py)."""
     report, extensions = tmp_path / "r.json", tmp_path / "extensions"
     rc, out, _ = _torchrun(
         tmp_path,
@@ -182,7 +183,14 @@ def test_torchrun_rank_zero_reports_whatever_failed_on_which_rank(tmp_path):
     assert "LauncherStopped: " not in out and "PluggyTeardownRaisedWarning" not in out, out
     assert "zero3: rank 1 ended its session with exit status 1" in out, out
     rows = {c["id"]: c for c in json.loads(report.read_text())["contracts"]}
-    assert {cid: row["outcome"] for cid, row in rows.items()} == {"990-a": "pass", "990-b": "pass", "990-c": "fail"}
+    assert {cid: row["outcome"] for cid, row in rows.items()} == {
+        "990-a": "pass",
+        "990-b": "pass",
+        "990-c": "fail",
+        "990-d": "pass",  # a try that did not form was dropped by both ranks and tried again
+        "990-e": "world_error",  # never formed: no verdict, counted apart from failures
+    }
+    assert "process group did not form in 3 tries" in rows["990-e"]["message"], rows["990-e"]
     stuck = rows["990-c"]["ranks"][1]
     assert stuck["status"] == "hung" and "in stuck_where_no_signal_reaches" in stuck["traceback"], stuck
     assert not list(extensions.rglob("*.so")), list(extensions.rglob("*"))

@@ -51,3 +51,33 @@ def stuck_on_rank_one(seconds):
 @pytest.mark.zero3_timeout(3)
 def test_rank_stuck_past_the_timeout(zero3_world):
     zero3_world.run(stuck_on_rank_one, 7.0)  # past the stack watch (3 + 2 s), within rank 0's wait (3 + 5 s)
+
+
+def _refuse_joins(monkeypatch, count):
+    """The next ``count`` joins of a process group fail on this rank, as gloo's do when a peer's
+    connection is refused on a loaded machine ("Gloo connectFullMesh failed")."""
+    import torch.distributed as dist
+
+    real, calls = dist.init_process_group, []
+
+    def join(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= count:
+            raise RuntimeError("Gloo connectFullMesh failed with [...] Connection refused (refused by the test)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", join)
+    return calls
+
+
+@pytest.mark.zero3_contract("990-d", "a world that forms at its second try")
+def test_world_forms_at_its_second_try(zero3_world, monkeypatch):
+    calls = _refuse_joins(monkeypatch, 1)
+    assert zero3_world.run(scenario.rank) == [0, 1]
+    assert len(calls) == 2
+
+
+@pytest.mark.zero3_contract("990-e", "a world that never forms")
+def test_world_never_forms(zero3_world, monkeypatch):
+    _refuse_joins(monkeypatch, 99)
+    zero3_world.run(scenario.rank)
