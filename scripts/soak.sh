@@ -10,6 +10,7 @@
 # SOAK_LOAD=1 runs every run under load: one busy process per core (SOAK_LOAD_PROCS to choose how
 # many) beside the suite, stopped when the soak ends however it ends; a flake or false red that
 # only load brings out shows up as a changed outcome.
+# SOAK_MODES chooses the modes (default "serial n2"; "serial" alone halves a soak's time).
 # Exit status: 1 when any outcome changed between runs, else 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,7 @@ expect="conformance/expectations/deepspeed-$version.toml"
 [ -n "${SOAK_SUMMARY_ONLY:-}" ] && N=0 || printf "impl\tmode\trun\texit\twall_s\n" > "$OUT/times.tsv"
 for run in $(seq 1 "$N"); do
     for impl in reference installed; do
-        for mode in serial n2; do
+        for mode in ${SOAK_MODES:-serial n2}; do
             name="$impl-$mode-$run"
             args=(-p no:cacheprovider -q --pyargs pytest_zero3.conformance "--zero3-impl=$impl"
                   "--junitxml=$OUT/$name.xml" "--zero3-report=$OUT/$name.json")
