@@ -1,0 +1,129 @@
+"""What ``pytest_zero3.judge`` costs per training step, measured side by side in one run.
+
+Each rank builds three engines of the same benchmark model (``models.py``): one without a judge, one
+judged every step, one judged every ``--every``-th step, each judge attached before its engine's
+first step and kept for the whole run (as in a training script).  Then they train in interleaved
+blocks of ``--every`` steps (the order rotates every round, so load on a shared machine falls on all
+three alike); a block of the sampling engine holds exactly one judged step, as every block of its
+steady state does.  The first ``--warmup`` rounds are not counted.
+
+Printed per model, rank 0's timings (the ranks run in lockstep): milliseconds per step of each, and
+the ratios judged/unjudged as the median over blocks with a bootstrap 95% interval (``stats.py``),
+plus the violations found (there should be none on the reference).
+
+    DS_ACCELERATOR=cpu python benchmarks/judge_overhead.py [--impl reference] [--rounds 30] [--every 8]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import models  # noqa: E402
+from ranks import join_world, launch  # noqa: E402
+from stats import ratio_interval  # noqa: E402
+
+VARIANTS = ("none", "every 1", "every N")
+
+
+def config(args):
+    return {
+        "train_batch_size": args.batch * args.world,
+        "train_micro_batch_size_per_gpu": args.batch,
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_prefetch_bucket_size": args.prefetch_bucket,
+            "stage3_max_reuse_distance": args.reuse_distance,
+        },
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+    }
+
+
+def worker(rank, args, store):
+    join_world(rank, args.world, store)
+    import deepspeed
+
+    from pytest_zero3 import impl, judging
+
+    impl.apply(impl.parse(args.impl))
+    for name in args.models:
+        engines, judges = {}, {}
+        for variant in VARIANTS:
+            model, make_batch = models.build(name, args)
+            engines[variant], *_ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(), config=config(args)
+            )
+            if variant != "none":
+                every = 1 if variant == "every 1" else args.every
+                judges[variant] = judging.judge(engines[variant], every=every, check=False).attach()
+        generator = torch.Generator().manual_seed(1234 + rank)
+        blocks = {v: [] for v in VARIANTS}
+        for round_ in range(args.warmup + args.rounds):
+            shift = round_ % len(VARIANTS)
+            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                engine = engines[variant]
+                batches = [make_batch(generator) for _ in range(args.every)]
+                start = time.perf_counter()
+                for x, y in batches:
+                    loss = torch.nn.functional.mse_loss(engine(x), y)
+                    engine.backward(loss)
+                    engine.step()
+                if round_ >= args.warmup:
+                    blocks[variant].append(time.perf_counter() - start)
+        for j in judges.values():
+            j.detach()
+        if rank == 0:
+            report(name, args, blocks, judges)
+        for engine in engines.values():
+            engine.destroy()
+
+
+def report(name, args, blocks, judges):
+    n = args.every
+    print(f"model {name}: {args.rounds} rounds of {n} steps per variant, impl {args.impl}, world {args.world}")
+    for variant in VARIANTS:
+        per_step = [1000 * b / n for b in blocks[variant]]
+        judged = (
+            f", {judges[variant].steps_judged} of {judges[variant].steps_seen} steps judged"
+            if variant in judges
+            else ""
+        )
+        found = f", {len(judges[variant].violations)} violations" if variant in judges else ""
+        label = variant.replace("N", str(n))
+        print(f"  {label:>9}: {sorted(per_step)[len(per_step) // 2]:8.2f} ms/step (median block){judged}{found}")
+    for variant in VARIANTS[1:]:
+        low, mid, high = ratio_interval(blocks[variant], blocks["none"])
+        label = variant.replace("N", str(n))
+        print(f"  ratio {label:>9} / none: {mid:.3f}  (95% interval {low:.3f}-{high:.3f})")
+    sys.stdout.flush()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", default="reference", help="--zero3-impl SPEC the ranks run (default reference)")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--every", type=int, default=8, help="the sampling judge's N (also the block length)")
+    parser.add_argument("--rounds", type=int, default=30, help="counted blocks per variant")
+    parser.add_argument("--warmup", type=int, default=2, help="rounds not counted")
+    parser.add_argument("--prefetch-bucket", type=int, default=50_000)
+    parser.add_argument("--reuse-distance", type=int, default=0)
+    models.add_arguments(parser)
+    args = parser.parse_args()
+    from pytest_zero3 import impl
+
+    impl.prepare_process(impl.parse(args.impl))
+    launch(worker, args)
+
+
+if __name__ == "__main__":
+    main()
