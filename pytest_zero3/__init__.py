@@ -36,17 +36,11 @@ del _here, _root
 def judge(engine, every: int = 1, check: bool = True, config=None):
     """Judge ``engine``'s ZeRO-3 coordinator against the rule model while it trains (a context manager).
 
-    ``with pytest_zero3.judge(engine, every=10) as j: <train>``; see :func:`pytest_zero3.judging.judge`.
+    ``with pytest_zero3.judge(engine, every=10) as j: <train>``; see :func:`pytest_zero3.judging.judge`
+    (its exception on a broken rule: :class:`pytest_zero3.judging.RuleViolations`, an ``AssertionError``).
     Imported here lazily: importing ``pytest_zero3`` imports neither torch nor deepspeed.
     """
     from pytest_zero3 import judging
 
     return judging.judge(engine, every=every, check=check, config=config)
 
-
-def __getattr__(name: str):
-    if name in ("EngineJudge", "RuleViolations", "JudgeError"):
-        from pytest_zero3 import judging
-
-        return getattr(judging, name)
-    raise AttributeError(f"module 'pytest_zero3' has no attribute {name!r}")
