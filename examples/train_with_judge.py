@@ -53,8 +53,9 @@ def deepspeed_config(world_size: int) -> dict:
     }
 
 
-def train(steps: int = 6, every: int = 1, check: bool = True) -> list:
-    """Train ``steps`` steps under the judge; the violations found (with ``check``, the run fails on any)."""
+def train(steps: int = 6, every: int = 1, check: bool = True):
+    """Train ``steps`` steps under the judge and return it (``.violations``, ``.report()``); with ``check``
+    a broken rule raises ``pytest_zero3.judging.RuleViolations`` listing every violation."""
     import deepspeed
     import torch.distributed as dist
 
@@ -70,7 +71,7 @@ def train(steps: int = 6, every: int = 1, check: bool = True) -> list:
             engine.backward(loss)
             engine.step()
     engine.destroy()
-    return judge.violations
+    return judge
 
 
 def main() -> None:
@@ -81,8 +82,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=4, help="judge steps 0 and 1, then every N-th")
     args = parser.parse_args()
     deepspeed.init_distributed()
-    train(args.steps, args.every)  # raises pytest_zero3.RuleViolations, listing them, when a rule is broken
-    print(f"rank {deepspeed.comm.get_rank()}: {args.steps} steps, no ZeRO-3 rule violation")
+    judge = train(args.steps, args.every)  # raises RuleViolations, listing them, when a rule is broken
+    print(f"rank {deepspeed.comm.get_rank()}: {judge.report()}")
 
 
 if __name__ == "__main__":

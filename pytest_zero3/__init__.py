@@ -43,4 +43,3 @@ def judge(engine, every: int = 1, check: bool = True, config=None):
     from pytest_zero3 import judging
 
     return judging.judge(engine, every=every, check=check, config=config)
-
