@@ -12,7 +12,11 @@ the ratios judged/unjudged as the median over blocks with a bootstrap 95% interv
 plus the violations found (there should be none on the reference).  Two clocks: wall time, and the
 rank's CPU time (``time.process_time``).  The judge's cost is CPU work in the rank; on a shared
 machine the wall clock also counts waiting for a core (and for the other rank in each collective),
-which other people's jobs make noisy, so the CPU ratio is the one that settles there.
+which other people's jobs make noisy.  Under heavy load neither ratio settles to a few per cent in
+minutes, so the judge's own work is also measured directly: the main thread's CPU time spent inside
+the probe's hooks and the judge (``time.thread_time`` around them), per step, as a share of the
+unjudged engine's CPU time per step.  That share is what the judge adds, and it does not depend on
+what else the machine runs.
 
     DS_ACCELERATOR=cpu python benchmarks/judge_overhead.py [--impl reference] [--rounds 30] [--every 8]
 """
@@ -34,6 +38,38 @@ from ranks import join_world, launch  # noqa: E402
 from stats import ratio_interval  # noqa: E402
 
 VARIANTS = ("none", "every 1", "every N")
+
+
+def time_the_probe() -> None:
+    """Accumulate, per probe, the main thread's CPU seconds inside its hooks (and the judging they run)
+    in ``probe.own_cpu`` (the all-gather counters, a dict update per gathered param, are left out)."""
+    from pytest_zero3.fixtures.event_probe import EventProbe
+
+    def timed(fn):
+        def wrapper(self, *args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                self.own_cpu = getattr(self, "own_cpu", 0.0) + time.thread_time() - start
+
+        return wrapper
+
+    EventProbe._start_step = timed(EventProbe._start_step)
+    EventProbe._end_of_backward = timed(EventProbe._end_of_backward)
+    recorder = EventProbe._recorder
+
+    def timed_recorder(self, kind):
+        record = recorder(self, kind)
+
+        def timed_record(*args):
+            start = time.thread_time()
+            record(*args)
+            self.own_cpu = getattr(self, "own_cpu", 0.0) + time.thread_time() - start
+
+        return timed_record
+
+    EventProbe._recorder = timed_recorder
 
 
 def config(args):
@@ -59,6 +95,7 @@ def worker(rank, args, store):
     from pytest_zero3 import impl, judging
 
     impl.apply(impl.parse(args.impl))
+    time_the_probe()
     for name in args.models:
         engines, judges = {}, {}
         for variant in VARIANTS:
@@ -72,7 +109,10 @@ def worker(rank, args, store):
         generator = torch.Generator().manual_seed(1234 + rank)
         blocks = {v: [] for v in VARIANTS}
         cpu = {v: [] for v in VARIANTS}
+        own = {}  # variant -> the probe's CPU seconds before the counted rounds
         for round_ in range(args.warmup + args.rounds):
+            if round_ == args.warmup:
+                own = {v: getattr(j._probe, "own_cpu", 0.0) for v, j in judges.items()}
             shift = round_ % len(VARIANTS)
             for variant in VARIANTS[shift:] + VARIANTS[:shift]:
                 engine = engines[variant]
@@ -85,15 +125,16 @@ def worker(rank, args, store):
                 if round_ >= args.warmup:
                     blocks[variant].append(time.perf_counter() - start)
                     cpu[variant].append(time.process_time() - start_cpu)
+        own = {v: (getattr(j._probe, "own_cpu", 0.0) - own[v]) / (args.rounds * args.every) for v, j in judges.items()}
         for j in judges.values():
             j.detach()
         if rank == 0:
-            report(name, args, blocks, cpu, judges)
+            report(name, args, blocks, cpu, judges, own)
         for engine in engines.values():
             engine.destroy()
 
 
-def report(name, args, blocks, cpu, judges):
+def report(name, args, blocks, cpu, judges, own):
     n = args.every
     print(f"model {name}: {args.rounds} rounds of {n} steps per variant, impl {args.impl}, world {args.world}")
     for variant in VARIANTS:
@@ -110,6 +151,11 @@ def report(name, args, blocks, cpu, judges):
         for clock, samples in (("CPU", cpu), ("wall", blocks)):
             low, mid, high = ratio_interval(samples[variant], samples["none"])
             print(f"  ratio {label:>9} / none ({clock:>4}): {mid:.3f}  (95% interval {low:.3f}-{high:.3f})")
+        base = sorted(cpu["none"])[len(cpu["none"]) // 2] / n
+        print(
+            f"  judge's own work, {label:>9}: {1000 * own[variant]:.2f} ms CPU per step = "
+            f"{100 * own[variant] / base:.1f}% of an unjudged step's CPU time"
+        )
     sys.stdout.flush()
 
 
