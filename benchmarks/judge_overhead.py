@@ -140,12 +140,12 @@ def report(name, args, blocks, cpu, judges, own):
     for variant in VARIANTS:
         label = variant.replace("N", str(n))
         wall = sorted(1000 * b / n for b in blocks[variant])[len(blocks[variant]) // 2]
-        own = sorted(1000 * b / n for b in cpu[variant])[len(cpu[variant]) // 2]
+        cpu_ms = sorted(1000 * b / n for b in cpu[variant])[len(cpu[variant]) // 2]
         extra = ""
         if variant in judges:
             j = judges[variant]
             extra = f", {j.steps_judged} of {j.steps_seen} steps judged, {len(j.violations)} violations"
-        print(f"  {label:>9}: {wall:8.2f} ms/step wall, {own:8.2f} ms/step CPU (median block){extra}")
+        print(f"  {label:>9}: {wall:8.2f} ms/step wall, {cpu_ms:8.2f} ms/step CPU (median block){extra}")
     for variant in VARIANTS[1:]:
         label = variant.replace("N", str(n))
         for clock, samples in (("CPU", cpu), ("wall", blocks)):
@@ -156,6 +156,13 @@ def report(name, args, blocks, cpu, judges, own):
             f"  judge's own work, {label:>9}: {1000 * own[variant]:.2f} ms CPU per step = "
             f"{100 * own[variant] / base:.1f}% of an unjudged step's CPU time"
         )
+    # every 1: a judged step's own work J; every N: (J + (N - 1) S) / N, which gives a skipped step's S
+    judged = own["every 1"]
+    skipped = max(0.0, (n * own["every N"] - judged) / (n - 1)) if n > 1 else 0.0
+    print(
+        f"  per judged step {1000 * judged:.2f} ms, per skipped step {1000 * skipped:.3f} ms; so every N costs "
+        + ", ".join(f"N={m}: {100 * (judged + (m - 1) * skipped) / m / base:.1f}%" for m in (8, 32, 100, 1000))
+    )
     sys.stdout.flush()
 
 
