@@ -42,30 +42,36 @@ VARIANTS = ("none", "every 1", "every N")
 
 def time_the_probe() -> None:
     """Accumulate, per probe, the main thread's CPU seconds inside its hooks (and the judging they run)
-    in ``probe.own_cpu`` (the all-gather counters, a dict update per gathered param, are left out)."""
+    in ``probe.own_cpu[judged]``, split by whether the step they belong to is judged (a step is judged
+    at the next step's start; the all-gather counters, a dict update per gathered param, are left out)."""
     from pytest_zero3.fixtures.event_probe import EventProbe
 
-    def timed(fn):
+    def add(probe, judged: bool, seconds: float) -> None:
+        if not hasattr(probe, "own_cpu"):
+            probe.own_cpu = {True: 0.0, False: 0.0}
+        probe.own_cpu[judged] += seconds
+
+    def timed(fn, judged_of):
         def wrapper(self, *args, **kwargs):
-            start = time.thread_time()
+            judged, start = judged_of(self), time.thread_time()
             try:
                 return fn(self, *args, **kwargs)
             finally:
-                self.own_cpu = getattr(self, "own_cpu", 0.0) + time.thread_time() - start
+                add(self, judged, time.thread_time() - start)
 
         return wrapper
 
-    EventProbe._start_step = timed(EventProbe._start_step)
-    EventProbe._end_of_backward = timed(EventProbe._end_of_backward)
+    EventProbe._start_step = timed(EventProbe._start_step, lambda p: p._step is not None and p._step.judged)
+    EventProbe._end_of_backward = timed(EventProbe._end_of_backward, lambda p: p._full)
     recorder = EventProbe._recorder
 
     def timed_recorder(self, kind):
         record = recorder(self, kind)
 
         def timed_record(*args):
-            start = time.thread_time()
+            judged, start = self._full, time.thread_time()
             record(*args)
-            self.own_cpu = getattr(self, "own_cpu", 0.0) + time.thread_time() - start
+            add(self, judged, time.thread_time() - start)
 
         return timed_record
 
@@ -109,10 +115,10 @@ def worker(rank, args, store):
         generator = torch.Generator().manual_seed(1234 + rank)
         blocks = {v: [] for v in VARIANTS}
         cpu = {v: [] for v in VARIANTS}
-        own = {}  # variant -> the probe's CPU seconds before the counted rounds
+        own = {}  # variant -> (the probe's CPU seconds, steps judged, steps seen) before the counted rounds
         for round_ in range(args.warmup + args.rounds):
             if round_ == args.warmup:
-                own = {v: getattr(j._probe, "own_cpu", 0.0) for v, j in judges.items()}
+                own = {v: (dict(j._probe.own_cpu), j.steps_judged, j.steps_seen) for v, j in judges.items()}
             shift = round_ % len(VARIANTS)
             for variant in VARIANTS[shift:] + VARIANTS[:shift]:
                 engine = engines[variant]
@@ -125,7 +131,14 @@ def worker(rank, args, store):
                 if round_ >= args.warmup:
                     blocks[variant].append(time.perf_counter() - start)
                     cpu[variant].append(time.process_time() - start_cpu)
-        own = {v: (getattr(j._probe, "own_cpu", 0.0) - own[v]) / (args.rounds * args.every) for v, j in judges.items()}
+        for variant, j in judges.items():
+            cpu0, judged0, seen0 = own[variant]
+            judged, seen = j.steps_judged - judged0, j.steps_seen - seen0
+            own[variant] = {
+                "per step": (sum(j._probe.own_cpu.values()) - sum(cpu0.values())) / (args.rounds * args.every),
+                "judged": (j._probe.own_cpu[True] - cpu0[True]) / max(judged, 1),
+                "skipped": (j._probe.own_cpu[False] - cpu0[False]) / max(seen - judged, 1),
+            }
         for j in judges.values():
             j.detach()
         if rank == 0:
@@ -153,12 +166,11 @@ def report(name, args, blocks, cpu, judges, own):
             print(f"  ratio {label:>9} / none ({clock:>4}): {mid:.3f}  (95% interval {low:.3f}-{high:.3f})")
         base = sorted(cpu["none"])[len(cpu["none"]) // 2] / n
         print(
-            f"  judge's own work, {label:>9}: {1000 * own[variant]:.2f} ms CPU per step = "
-            f"{100 * own[variant] / base:.1f}% of an unjudged step's CPU time"
+            f"  judge's own work, {label:>9}: {1000 * own[variant]['per step']:.2f} ms CPU per step = "
+            f"{100 * own[variant]['per step'] / base:.1f}% of an unjudged step's CPU time"
         )
-    # every 1: a judged step's own work J; every N: (J + (N - 1) S) / N, which gives a skipped step's S
-    judged = own["every 1"]
-    skipped = max(0.0, (n * own["every N"] - judged) / (n - 1)) if n > 1 else 0.0
+    # measured on the sampling engine: a judged step's own work J and a skipped step's S
+    judged, skipped = own["every N"]["judged"], own["every N"]["skipped"]
     print(
         f"  per judged step {1000 * judged:.2f} ms, per skipped step {1000 * skipped:.3f} ms; so every N costs "
         + ", ".join(f"N={m}: {100 * (judged + (m - 1) * skipped) / m / base:.1f}%" for m in (8, 32, 100, 1000))
