@@ -47,7 +47,6 @@ def deepspeed_config(world_size: int) -> dict:
         "zero_optimization": {
             "stage": 3,
             "stage3_prefetch_bucket_size": 1000,  # prefetch on: about a decoder layer's projections ahead
-            "stage3_max_reuse_distance": 0,  # release what forward used at once; backward gathers again
             "stage3_param_persistence_threshold": 0,  # a model this small would otherwise persist whole
         },
     }
