@@ -7,7 +7,9 @@ Public API (small on purpose):
   per-rank results;
 * inside a scenario, :mod:`pytest_zero3.scenario` (``rank()``, ``world_size()``, ``agree()``,
   ``unsupported()``);
-* the markers ``zero3_contract``, ``zero3_world_size``, ``zero3_timeout`` and ``zero3_preload``.
+* the markers ``zero3_contract``, ``zero3_world_size``, ``zero3_timeout`` and ``zero3_preload``;
+* :func:`judge` (and the ``zero3_judge`` fixture): the rule model watching an engine you built yourself,
+  in your own test or training script (:mod:`pytest_zero3.judging`).
 
 One namespace: the suite, its scenarios and the reference are ``pytest_zero3.conformance``,
 ``pytest_zero3.fixtures`` and ``pytest_zero3.reference_impl``.  A wheel maps the repository's
@@ -29,3 +31,15 @@ if not _os.path.isdir(_os.path.join(_here, "conformance")) and _os.path.isfile(
 ):
     __path__.append(_root)  # noqa: F821 - the package's own search path
 del _here, _root
+
+
+def judge(engine, every: int = 1, check: bool = True, config=None):
+    """Judge ``engine``'s ZeRO-3 coordinator against the rule model while it trains (a context manager).
+
+    ``with pytest_zero3.judge(engine, every=10) as j: <train>``; see :func:`pytest_zero3.judging.judge`
+    (its exception on a broken rule: :class:`pytest_zero3.judging.RuleViolations`, an ``AssertionError``).
+    Imported here lazily: importing ``pytest_zero3`` imports neither torch nor deepspeed.
+    """
+    from pytest_zero3 import judging
+
+    return judging.judge(engine, every=every, check=check, config=config)

@@ -281,3 +281,29 @@ def zero3_world(request, tmp_path_factory):
     ``@pytest.mark.zero3_timeout(seconds)`` override the world size and the timeout for one test.
     """
     return _session(request.config).world(request, tmp_path_factory)
+
+
+@pytest.fixture
+def zero3_judge():
+    """``zero3_judge(engine, every=1)``: :func:`pytest_zero3.judge` on an engine this test builds in its own
+    process (a single-process world, or each rank of a torchrun-launched pytest).
+
+    Used as ``with zero3_judge(engine) as j:``, the block's exit fails the test with every violation;
+    a judge attached without ``with`` is detached and checked at teardown (an error of the test).
+    Inside a ``zero3_world`` scenario (another process) call :func:`pytest_zero3.judge` itself.
+    """
+    judges: list = []
+
+    def attach(engine, every: int = 1, check: bool = True, config=None):
+        from pytest_zero3 import judging
+
+        j = judging.judge(engine, every=every, check=check, config=config).attach()
+        judges.append(j)
+        return j
+
+    yield attach
+    for j in judges:
+        attached = j.attached
+        j.detach()
+        if attached and j.check:
+            j.assert_clean()
