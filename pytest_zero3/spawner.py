@@ -159,7 +159,9 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
     starter.join(timeout)
     stuck = starter.is_alive()
     if stuck or errors:
+        global _context
         stack = _stop_forkserver()
+        _context = None  # the next world writes its payload again: a restart must not inherit this one's
         starter.join(10)
         for proc in procs:
             kill(proc)
