@@ -217,6 +217,10 @@ def test_stuck_forkserver_preload_is_a_reported_failure_not_a_hang(run_pytest):
         "budget, separate from the scenario timeout: raise it with --zero3-startup-timeout=SECONDS)"
     ) in run.stdout
     assert "in _block_forever_at_import" in run.stdout  # its stack shows where it waits
+    # The next session of this process (run_pytest runs it here, on the forkserver kept warm between
+    # sessions) starts a forkserver of its own preloads, not a restart of the stuck one.
+    after = run_pytest(str(DATA / "identity_case.py"), "--zero3-startup-timeout=120")
+    assert after.returncode == 0, after.stdout
 
 
 def test_forkserver_start_up_does_not_count_against_the_scenario_timeout(run_pytest):
