@@ -47,6 +47,8 @@ GROUP_PREFIX = "pytest-zero3/group"
 #: Seconds past the timeout before the watchdog interrupts a scenario, so that a collective's own
 #: timeout error (which names the collective) wins over the watchdog's report.
 WATCHDOG_SLACK = 1.0
+#: Seconds a rank whose join used up the timeout still waits for its peers' word on the try.
+AGREE_SECONDS = 0.5
 #: Seconds past the watchdog before a scenario it could not interrupt is reported hung with its stack
 #: from a thread (well within the others' :data:`EXCHANGE_GRACE`).
 STACK_WATCH_AFTER = 1.0
@@ -166,6 +168,7 @@ def _form_group(key: str, backend: str, timeout: float, store) -> None:
         dist.distributed_c10d._world.group_count = 0
         _forget_deepspeed_groups()
         prefix = f"{GROUP_PREFIX}/{key}/try{attempt}"
+        deadline = time.monotonic() + timeout
         try:
             dist.init_process_group(
                 backend, store=dist.PrefixStore(prefix, store), rank=me, world_size=size, timeout=wait
@@ -174,7 +177,19 @@ def _form_group(key: str, backend: str, timeout: float, store) -> None:
         except Exception as exc:
             mine = f"rank {me} could not join within {timeout:g} s: {type(exc).__name__}: {exc}".replace("\n", " ")
         store.set(f"{prefix}/formed/{me}", mine or "ok")
-        store.wait([f"{prefix}/formed/{r}" for r in range(size)], wait)
+        # A rank that never came to this scenario (it skipped it) never posts either: that is the
+        # scenario's failure, not the machine's, so it is not tried again.  Its peers have waited for it
+        # in the join already, so they only wait out what is left of this try's timeout here.
+        try:
+            left = max(deadline - time.monotonic(), AGREE_SECONDS)
+            store.wait([f"{prefix}/formed/{r}" for r in range(size)], datetime.timedelta(seconds=left))
+        except Exception:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise RuntimeError(
+                f"rank {me} could not join this scenario's process group within {timeout:g} s: another rank "
+                f"did not arrive ({mine or 'it never reported its join'})"
+            ) from None
         failed = [text for r in range(size) if (text := store.get(f"{prefix}/formed/{r}").decode()) != "ok"]
         if not failed:
             return
