@@ -77,6 +77,7 @@ def _run_scenario(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
     try:
         sys.path[:] = attempt.job.sys_path
         _set_env(attempt, rank)
+        _one_thread_unless_chosen()
         from pytest_zero3 import impl
 
         impl.apply(attempt.job.spec)
@@ -153,6 +154,16 @@ def _set_env(attempt: Attempt, rank: int) -> None:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(attempt.port),
     )
+
+
+def _one_thread_unless_chosen() -> None:
+    """One intra-op thread per rank unless the user chose a number (``OMP_NUM_THREADS``), as torchrun
+    does for several ranks on a node: the ranks' thread pools would otherwise oversubscribe the cores
+    and spin on tiny ops (measured: 15-20 % of the suite's CPU time on a 2-core machine)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def _join_world(attempt: Attempt, rank: int) -> None:

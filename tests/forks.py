@@ -9,7 +9,9 @@ def copy_installed_deepspeed(dest):
     import importlib.util
 
     src = os.path.dirname(importlib.util.find_spec("deepspeed").origin)
-    shutil.copytree(src, os.path.join(dest, "deepspeed"), ignore=shutil.ignore_patterns("__pycache__"))
+    # With its byte code: copytree keeps the mtimes, so every file not edited afterwards imports without
+    # compiling (a second or so per process that imports the fork).
+    shutil.copytree(src, os.path.join(dest, "deepspeed"))
     return dest
 
 
@@ -62,3 +64,19 @@ class ForkCache:
                 edit(fork, relpath, old, new)
             self._built[name] = fork
         return self._built[name]
+
+
+def bite_groups(bugs: dict) -> list:
+    """Bugs that can share one fork in the cheap "each contract bites" runs: ``bugs`` maps a bug's name
+    to ``(must_fail, may_fail)`` contract sets, and a group never holds two bugs where one's contract
+    may fail because of the other's (by the lists the proof run checks per bug, one fork each), so
+    each contract of a group's fork fails for its own bug.  Greedy, in ``bugs``' order."""
+    groups: list = []
+    for name, (must, may) in bugs.items():
+        for group in groups:
+            if all(not (must & (bugs[o][0] | bugs[o][1])) and not (bugs[o][0] & may) for o in group):
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return [tuple(g) for g in groups]

@@ -8,6 +8,7 @@ path (listed per fork, with why).
 """
 
 import pytest
+from forks import bite_groups
 
 #: contract -> (file under deepspeed/, old text, new text, other contracts that must flag it too,
 #: contracts whose scenario also takes the broken path and may fail)
@@ -49,23 +50,32 @@ SAVE_PATH_BUGS = {
 SELECT = ("004-a", "004-b", "004-c", "004-f")
 
 
+#: The cheap runs share forks: bugs none of whose contracts another bug of the group may fail.
+BITE_GROUPS = bite_groups({cid: ({cid} | bug[3], bug[4]) for cid, bug in SAVE_PATH_BUGS.items()})
+
+
 @pytest.fixture(scope="module")
 def save_path_fork(tmp_path_factory):
-    """``save_path_fork(contract)``: a fork with that contract's save-path line changed (built once)."""
+    """``save_path_fork(name)``: a fork with the save-path line of contract ``name`` changed, or of every
+    contract of a :data:`BITE_GROUPS` group named ``"a+b"`` (built once)."""
     from forks import ForkCache
 
-    return ForkCache(tmp_path_factory, {cid: bug[:3] for cid, bug in SAVE_PATH_BUGS.items()})
+    edits = {cid: [bug[:3]] for cid, bug in SAVE_PATH_BUGS.items()}
+    edits.update({"+".join(g): [e for cid in g for e in edits[cid]] for g in BITE_GROUPS})
+    return ForkCache(tmp_path_factory, edits)
 
 
-@pytest.mark.parametrize("contract", sorted(SAVE_PATH_BUGS))
-def test_save_path_fork_fails_its_contract(run_suite, save_path_fork, contract):
-    """Why: a contract is proven only by an implementation that breaks it (the cheap half, every run)."""
-    _, _, _, flags, _ = SAVE_PATH_BUGS[contract]
-    flagged = sorted({contract} | flags)
-    run = run_suite(save_path_fork(contract), ",".join(flagged))
+@pytest.mark.parametrize("group", BITE_GROUPS, ids="+".join)
+def test_save_path_forks_fail_their_contracts(run_suite, save_path_fork, group):
+    """Why: a contract is proven only by an implementation that breaks it (the cheap half, every run:
+    one fork per group; which bug fails which contract alone is the proof run's, one fork per bug)."""
+    flagged = sorted({c for cid in group for c in {cid} | SAVE_PATH_BUGS[cid][3]})
+    run = run_suite(save_path_fork("+".join(group)), ",".join(flagged))
     outcomes = run.outcomes()
     wrong = {cid: outcomes.get(cid) for cid in flagged if outcomes.get(cid) != "fail"}
-    assert not wrong, f"{flagged} should flag the {contract} save-path fork, got {wrong}\n{run.stdout[-4000:]}"
+    assert not wrong, (
+        f"{flagged} should flag the fork with the save-path bugs of {group}, got {wrong}\n{run.stdout[-4000:]}"
+    )
 
 
 @pytest.mark.proof
