@@ -99,7 +99,8 @@ def _fits(job: Job) -> tuple:
     checkout's path), the environment it inherited, and a superset of the modules it preloaded."""
     from pytest_zero3 import impl
 
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
+    # pytest's own variables change between tests and sessions (PYTEST_CURRENT_TEST, PYTEST_VERSION)
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_")))
     return impl.import_path(job.spec), env, frozenset(job.preload)
 
 

@@ -24,7 +24,10 @@ from pytest_zero3 import impl, spawner
 ROOT = Path(__file__).resolve().parent.parent
 # Every pytest these tests start (run_pytest, pytester) imports this checkout's packages, also where an
 # installed copy of pytest-zero3 (editable or not) sits in site-packages.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+# Once per process (pytest may import this file again in an in-process session): a PYTHONPATH that grew
+# would make every later world's environment differ and restart the warm forkserver.
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(ROOT):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 BAD = ROOT / "tests" / "bad_coordinators"
 
 
