@@ -54,13 +54,15 @@ def _load_all() -> None:
         faulthandler.register(signal.SIGUSR1, file=open(job.forkserver_stack, "w"), all_threads=True)
     # The parent's path, in its order: a fork checkout first, then test-local modules.
     sys.path[:0] = [entry for entry in job.sys_path if entry not in sys.path]
-    for name in BASE:
-        importlib.import_module(name)
-    for name in DEEPSPEED + tuple(job.preload):
+    # The user's preloads first: one that blocks (a stale build lock) shows in the stack at once, and
+    # each imports what it needs of torch itself.
+    for name in (*job.preload, *BASE, *DEEPSPEED):
         try:
             importlib.import_module(name)
         except ImportError:
-            pass  # reported by the rank that needs it, with its own traceback
+            if name in BASE:
+                raise
+            # else reported by the rank that needs it, with its own traceback
     dsops.probe()
     dsops.skip_cpu_shm_comm_op()
     if job.spec.kind == "class":
