@@ -18,4 +18,4 @@ reference_impl.install()
 class TracePastEnd(ReferenceCoordinator):
     def trace_prologue(self, module) -> None:
         if self._mode == "complete" and self._trace.modules[self._step] is not module:  # the bug: no bound
-            self._invalidate_trace()
+            super().trace_prologue(module)  # a mismatch within the trace: logged and invalidated as before
