@@ -43,3 +43,17 @@ def test_file_and_module_class_forms(run_pytest):
         run_pytest(CASE, "-s", "--zero3-impl=coordinator_subclass:RenamedCoordinator", env={"PYTHONPATH": str(data)})
     )
     assert cls == "coordinator_subclass.RenamedCoordinator"
+
+
+def test_a_class_module_that_patches_deepspeed_does_not_leak_into_later_sessions(run_pytest):
+    """Why: the forkserver imports a ``class`` spec's module, and bad coordinators here call
+    ``reference_impl.install()`` at import; a later session on the installed deepspeed that reused that
+    warm forkserver ran the reference in its ranks (stock looked fixed: an unexpected pass in CI)."""
+    bad = ROOT / "tests" / "bad_coordinators" / "grows_fetch_log.py"
+    cls_name = next(
+        line.split()[1].split("(")[0] for line in bad.read_text().splitlines() if line.startswith("class ")
+    )
+    _, cls = identity(run_pytest(CASE, "-s", f"--zero3-impl={bad}:{cls_name}"))
+    assert cls.endswith(cls_name)
+    _, cls = identity(run_pytest(CASE, "-s"))
+    assert cls == "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
