@@ -65,10 +65,15 @@ def _load_all() -> None:
             # else reported by the rank that needs it, with its own traceback
     dsops.probe()
     dsops.skip_cpu_shm_comm_op()
-    if job.spec.kind == "class":
-        from pytest_zero3 import impl
-
-        impl.load_class(job.spec)  # checked in the parent already; imported here so ranks inherit it
+    if job.spec.kind in ("reference", "class"):
+        # Imported, not installed: ranks inherit the module and install it themselves.  A ``class``
+        # spec's own module is loaded by each rank, never here: it may patch deepspeed when imported
+        # (the bad coordinators here call reference_impl.install() at import), and this forkserver
+        # outlives the session that started it when it is held (spawner.held).
+        try:
+            importlib.import_module("pytest_zero3.reference_impl")
+        except Exception:  # noqa: BLE001 - the rank that installs it reports the error with its traceback
+            pass
     # DeepSpeed calls gc.collect() while building the optimizer; with torch's import graph in the heap
     # that takes over a second per rank.  Frozen objects are skipped by the collector.
     gc.collect()

@@ -96,15 +96,13 @@ _loaded: tuple = ()  # what the running forkserver was started with (see _fits)
 
 def _fits(job: Job) -> tuple:
     """What a forkserver must share with ``job`` to fork its ranks: the deepspeed it imported (a fork
-    checkout's path) and the coordinator module it loaded for a ``class`` spec (such a module may patch
-    deepspeed when imported, as ``reference_impl.install()`` at module level does), the environment it
-    inherited, and a superset of the modules it preloaded."""
+    checkout's path), the environment it inherited, and a superset of the modules it preloaded.  The
+    spec's coordinator is not part of it: ranks load and install that themselves (preload.py)."""
     from pytest_zero3 import impl
 
     # pytest's own variables change between tests and sessions (PYTEST_CURRENT_TEST, PYTEST_VERSION)
     env = tuple(sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_")))
-    loaded_class = job.spec.text if job.spec.kind == "class" else None
-    return (impl.import_path(job.spec), loaded_class), env, frozenset(job.preload)
+    return impl.import_path(job.spec), env, frozenset(job.preload)
 
 
 def context(job: Job):
