@@ -28,6 +28,7 @@ class Case:
     must_pass: frozenset[str] = frozenset()  # must pass (the bug cannot show there)
     check: Callable | None = None  # extra assertions on the tests.conftest.Run
     extra: tuple = ()  # more pytest arguments for the run
+    anchors: tuple = ()  # indices into rule_batch.ANCHORS that catch the bug: the bite replays only these
 
     @property
     def name(self) -> str:
@@ -175,6 +176,7 @@ CASES = (
         frozenset({"rule-b", "rule-f"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(1,),
     ),
     Case(
         "prefetch_counts_shards.py:PrefetchCountsShards",
@@ -182,6 +184,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(0,),
     ),
     Case(
         "prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive",
@@ -189,6 +192,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(5,),
     ),
     Case(
         "partitions_persistent_in_backward.py:PartitionsPersistentInBackward",
@@ -196,6 +200,7 @@ CASES = (
         frozenset({"rule-e", "rule-f"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(3,),
     ),
     Case(
         "backward_window_off_by_one.py:BackwardWindowOffByOne",
@@ -203,6 +208,7 @@ CASES = (
         frozenset({"rule-b", "rule-f"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(1,),
     ),
     Case(
         "live_count_reset.py:LiveCountReset",
@@ -210,6 +216,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(6,),
     ),
     Case(
         "stale_external_params.py:StaleExternalParams",
@@ -217,6 +224,7 @@ CASES = (
         frozenset({"rule-h"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(7,),
     ),
     Case(
         "prefetch_charges_gathered.py:PrefetchChargesGathered",
@@ -224,6 +232,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(0,),
     ),
     Case(
         "no_prefetch_in_eval.py:NoPrefetchInEval",
@@ -231,6 +240,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(6,),
     ),
     Case(
         "trace_warnings_always.py:TraceWarningsAlways",
@@ -245,6 +255,7 @@ CASES = (
         frozenset({"rule-a"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(8,),
     ),
     Case(
         "inflight_after_divergence.py:InflightAfterDivergence",
@@ -252,6 +263,7 @@ CASES = (
         frozenset({"rule-a"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(9,),
     ),
     Case(
         "backward_in_eval_mode.py:BackwardInEvalMode",
@@ -259,6 +271,7 @@ CASES = (
         frozenset({"rule-a", "zoo-e"}),  # zoo-e: LLaVA's projector trains in eval(); the other models pass
         COORDINATOR_FAMILIES + ",zoo",
         extra=ANCHORS_ONLY,
+        anchors=(9,),
     ),
     # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
     Case(

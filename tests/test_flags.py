@@ -3,8 +3,9 @@
 Each coordinator in tests/bad_coordinators/ is the reference with one historical bug put back.  Two
 proofs per entry, at two costs:
 
-* **bites** (every run, CI): the suite run on just the entry's flagged contracts fails each of them.
-  A contract that misses its bug proves nothing.  About 10-20 s per entry.
+* **bites** (every run, CI): the suite run on just the entry's flagged contracts fails each of them;
+  a rule contract is judged on the anchors that catch the bug (``Case.anchors``, replayed), not on all
+  of them.  A contract that misses its bug proves nothing.  About 3-15 s per entry.
 * **only its own** (``--proofs``, ``scripts/proofs.sh``): the suite run on the entry's whole selection
   fails exactly the flagged IDs (plus only those listed as may-fail), runs every contract it selected,
   and passes at least one other contract.  One that fails for another contract's bug sends a developer
@@ -12,16 +13,24 @@ proofs per entry, at two costs:
   table records its last result.
 """
 
+import json
+
 import pytest
 from flags import ANCHORS_ONLY, CASES, Case
+from pytest_zero3.fixtures import rule_batch
 
 from conftest import BAD
 
 
-def _run(run_suite, case: Case, select: str):
+def _run(run_suite, case: Case, select: str, anchors: tuple = ()):
+    """The suite on ``case``'s coordinator; rule contracts judged on ``anchors`` only where given (a
+    replay of those anchors), else on every anchor and no drawn example."""
     file, cls = case.coordinator.split(":")
     extra = case.extra
-    if any(cid.startswith("rule-") for cid in select.split(",")) and ANCHORS_ONLY[0] not in extra:
+    if anchors:
+        replay = json.dumps([rule_batch.ANCHORS[i] for i in anchors])
+        extra = (*(a for a in extra if a not in ANCHORS_ONLY), f"--zero3-replay={replay}")
+    elif any(cid.startswith("rule-") for cid in select.split(",")) and ANCHORS_ONLY[0] not in extra:
         extra = (*extra, *ANCHORS_ONLY)
     return run_suite(f"{BAD / file}:{cls}", select, *extra)
 
@@ -30,7 +39,7 @@ def _run(run_suite, case: Case, select: str):
 def test_each_flagged_contract_bites(run_suite, case):
     """Why: a contract is proven only by an implementation that breaks it; this is the part of that
     proof cheap enough for every run (the other part, "nothing else fails", is the proof run's)."""
-    run = _run(run_suite, case, ",".join(sorted(case.flagged)))
+    run = _run(run_suite, case, ",".join(sorted(case.flagged)), case.anchors)
     outcomes = run.outcomes()
     tail = run.stdout[-4000:]
     missed = sorted(cid for cid in case.flagged if outcomes.get(cid) != "fail")
