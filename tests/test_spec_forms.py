@@ -14,9 +14,15 @@ def identity(run):
     return match.group(1), match.group(2)
 
 
-def test_installed(run_pytest):
+def test_installed_even_after_a_class_whose_module_patches_deepspeed(run_pytest):
+    """Why: bad coordinators here call ``reference_impl.install()`` at import.  When the forkserver
+    imported a ``class`` spec's module, a later session on the installed deepspeed that reused that warm
+    forkserver ran the reference in its ranks (stock looked fixed: an unexpected pass in CI)."""
     import importlib.util
 
+    bad = ROOT / "tests" / "bad_coordinators" / "grows_fetch_log.py"
+    _, cls = identity(run_pytest(CASE, "-s", f"--zero3-impl={bad}:GrowsFetchLog"))
+    assert cls.endswith("GrowsFetchLog")
     path, cls = identity(run_pytest(CASE, "-s"))
     assert path == os.path.dirname(importlib.util.find_spec("deepspeed").origin)
     assert cls == "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
@@ -39,18 +45,9 @@ def test_file_and_module_class_forms(run_pytest):
     data = ROOT / "tests" / "data"
     _, cls = identity(run_pytest(CASE, "-s", f"--zero3-impl={data / 'coordinator_subclass.py'}:RenamedCoordinator"))
     assert cls.endswith("coordinator_subclass.RenamedCoordinator")
+    # importable from the path pytest's own ``pythonpath`` setting adds (the parent, the forkserver and
+    # the ranks share the parent's sys.path)
     _, cls = identity(
-        run_pytest(CASE, "-s", "--zero3-impl=coordinator_subclass:RenamedCoordinator", env={"PYTHONPATH": str(data)})
+        run_pytest(CASE, "-s", "--zero3-impl=coordinator_subclass:RenamedCoordinator", "-o", f"pythonpath={data}")
     )
     assert cls == "coordinator_subclass.RenamedCoordinator"
-
-
-def test_a_class_module_that_patches_deepspeed_does_not_leak_into_later_sessions(run_pytest):
-    """Why: the forkserver imports a ``class`` spec's module, and bad coordinators here call
-    ``reference_impl.install()`` at import; a later session on the installed deepspeed that reused that
-    warm forkserver ran the reference in its ranks (stock looked fixed: an unexpected pass in CI)."""
-    bad = ROOT / "tests" / "bad_coordinators" / "grows_fetch_log.py"
-    _, cls = identity(run_pytest(CASE, "-s", f"--zero3-impl={bad}:GrowsFetchLog"))
-    assert cls.endswith("GrowsFetchLog")
-    _, cls = identity(run_pytest(CASE, "-s"))
-    assert cls == "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
