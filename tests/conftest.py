@@ -2,10 +2,12 @@
 
 The plugin's behaviour is a property of whole pytest runs (options, exit codes, reports, hangs), so
 most tests run a whole pytest session and read its output and JSON report.  A session that needs a
-process of its own (another environment or directory, a fork checkout's deepspeed, xdist, torchrun)
+process of its own (another environment or directory, xdist, torchrun, a baseline run)
 runs as ``python -m pytest`` in a subprocess; the others run in this process, as pytester's in-process
 runs do, on a forkserver kept warm between them (``spawner.held``): a subprocess would pay the torch
-and deepspeed imports twice (pytest's collection, the forkserver), about 10 s of CPU per run.
+and deepspeed imports twice (pytest's collection, the forkserver), about 10 s of CPU per run.  A fork
+checkout (``--zero3-impl=DIR``) runs here too: pytest's process never imports deepspeed, and the
+forkserver started for the fork puts ``DIR`` first on its path.
 """
 
 import contextlib
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_zero3 import impl, spawner
+from pytest_zero3 import spawner
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every pytest these tests start (run_pytest, pytester) imports this checkout's packages, also where an
@@ -87,13 +89,6 @@ def _needs_own_process(args, cwd, env) -> bool:
     for arg in map(str, args):
         if arg.split("=")[0] in _OWN_PROCESS:
             return True
-        if arg.startswith("--zero3-impl="):
-            try:
-                spec = impl.parse(arg.split("=", 1)[1])
-            except impl.SpecError:
-                return False  # a usage error: no world starts
-            if impl.import_path(spec):  # a fork checkout: its deepspeed, not this process's
-                return True
     return False
 
 
@@ -109,7 +104,11 @@ def _in_process(args) -> types.SimpleNamespace:
         os.chdir(cwd)
         sys.path[:] = path
         for name in set(sys.modules) - modules:
-            if name.rpartition(".")[2].startswith(("test_", "conftest")) or name.startswith("conformance"):
+            if (
+                name.rpartition(".")[2].startswith(("test_", "conftest"))
+                or name.startswith("conformance")
+                or name.partition(".")[0] == "deepspeed"  # a fork checkout's, had the session imported one
+            ):
                 del sys.modules[name]
     return types.SimpleNamespace(returncode=int(ret), stdout=out.getvalue(), stderr="")
 
