@@ -236,15 +236,15 @@ def test_a_coordinator_that_never_completes_a_trace_fails_naming_rule_g(run_suit
 STOCK = ("installed", "001-a", f"--zero3-expect={ROOT / 'conformance' / 'expectations' / 'deepspeed-0.19.8.toml'}")
 
 
-@pytest.mark.slow  # a suite run of 30-150 s on the loaded 2-core machine
 def test_stock_known_failure_is_xfail_in_junit_and_a_failure_under_runxfail(run_suite, tmp_path):
+    stock = ("installed", "000-a", STOCK[2])  # listed for 0.19.8, and cheaper than 001-a's ten engines
     junit = tmp_path / "junit.xml"
-    run = run_suite(*STOCK, f"--junitxml={junit}")
-    assert run.returncode == 0 and run.outcomes() == {"001-a": "known_failure"}, run.stdout[-3000:]
+    run = run_suite(*stock, f"--junitxml={junit}")
+    assert run.returncode == 0 and run.outcomes() == {"000-a": "known_failure"}, run.stdout[-3000:]
     assert set(_junit(junit).values()) == {"skipped"}  # an xfail, not a pass
-    run = run_suite(*STOCK, "--runxfail")
-    assert run.returncode == 1 and run.outcomes() == {"001-a": "fail"}, run.stdout[-3000:]
-    assert "known failure 001-a:" in run.stdout and "FWD_MODULE_STACK" in run.stdout
+    run = run_suite(*stock, "--runxfail")
+    assert run.returncode == 1 and run.outcomes() == {"000-a": "fail"}, run.stdout[-3000:]
+    assert "known failure 000-a:" in run.stdout and "PR 9003" in run.stdout
 
 
 @pytest.mark.slow  # a suite run of 30-150 s on the loaded 2-core machine
