@@ -10,7 +10,7 @@ from hypothesis import core
 from hypothesis import settings as hsettings
 from pytest_zero3.fixtures import rule_batch
 
-from conftest import BAD, ROOT
+from conftest import BAD
 from pytest_zero3 import impl, options
 
 ANCHORS_ONLY = ("--zero3-examples=0", "--zero3-shrink=0")
@@ -47,18 +47,21 @@ def test_xdist_runs_the_rule_batch_once(run_pytest, tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_example_is_saved_and_replays(run_suite, run_pytest, tmp_path):
-    """The anchor that pins DeepSpeed's live-count reset flags LiveCountReset on rule-d; the failure
-    saves the example and prints a command that replays only it, and the replay fails rule-d again."""
+    """The anchor that pins DeepSpeed's live-count reset flags LiveCountReset on rule-d (judged with the
+    anchor before it, which passes); the failure saves the example and prints a command that replays
+    only it, and the replay fails rule-d again."""
     coordinator = f"{BAD / 'live_count_reset.py'}:LiveCountReset"
-    first = run_suite(coordinator, "rule-d", *ANCHORS_ONLY, f"--basetemp={tmp_path / 'first'}")
+    pair = json.dumps(rule_batch.ANCHORS[5:7])
+    first = run_suite(coordinator, "rule-d", f"--zero3-replay={pair}", f"--basetemp={tmp_path / 'first'}")
     assert first.failed_ids() == {"rule-d"}, first.stdout[-4000:]
+    assert "fails in 1 of 2 examples (examples [1]" in first.stdout, first.stdout[-4000:]
     command = re.search(r"^\s*(pytest --zero3-impl=.*--zero3-replay=.*)$", first.stdout, re.M)
     assert command, f"no replay command in the failure:\n{first.stdout[-4000:]}"
     args = shlex.split(command.group(1))[1:]
     saved = json.loads(open(args[-1].split("=", 1)[1]).read())
     assert saved["rule"] == "rule-d" and saved["example"]["eval_at"] == 1, saved
 
-    replay = run_pytest(*args, f"--basetemp={tmp_path / 'replay'}", cwd=ROOT)
+    replay = run_pytest(*args, f"--basetemp={tmp_path / 'replay'}")  # in this process, from the root
     assert replay.failed_ids() == {"rule-d"}, replay.stdout[-4000:]
     assert "fails in 1 of 1 examples" in replay.stdout, replay.stdout[-4000:]
     assert _worlds_started(tmp_path / "replay") == 1  # the example only, not shrunk again
