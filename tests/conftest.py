@@ -11,6 +11,7 @@ forkserver started for the fork puts ``DIR`` first on its path.
 """
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(ROOT):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 BAD = ROOT / "tests" / "bad_coordinators"
+_INSTALLED_DEEPSPEED = str(getattr(importlib.util.find_spec("deepspeed"), "origin", None))
 
 
 def pytest_addoption(parser):
@@ -106,6 +108,9 @@ def _in_process(args) -> types.SimpleNamespace:
     finally:
         os.chdir(cwd)
         sys.path[:] = path
+        deepspeed = sys.modules.get("deepspeed")
+        # a fork session must leave this process's deepspeed alone (a second import is not safe)
+        assert deepspeed is None or str(deepspeed.__file__) == _INSTALLED_DEEPSPEED, deepspeed
         for name in set(sys.modules) - modules:
             if name.rpartition(".")[2].startswith(("test_", "conftest")) or name.startswith("conformance"):
                 del sys.modules[name]
