@@ -16,7 +16,9 @@ The life of a ZeRO-3 parameter, and who moves it
   :meth:`release_sub_module`: the module drops its claim and, if no claim is left, the parameter is
   partitioned, unless the reuse-distance scan of the trace sees it used again within
   ``stage3_max_reuse_distance`` elements (then it stays AVAILABLE for that reuse) or it is
-  persistent. With no complete trace every parameter is released at once. The safety nets are
+  persistent. With no complete trace every parameter is released at once. A param a module returns
+  from its forward (DeepSpeed registers it as an external param of the caller) is released by the
+  caller, not by the module that returned it. The safety nets are
   :meth:`release_backward_leftovers` (end of backward: modules whose post-backward hook never fired)
   and :meth:`release_and_reset_all` (optimizer step, checkpointing: everything).
 
@@ -72,6 +74,15 @@ def held_by_gathered_parameters(param: Parameter) -> bool:
     ``modifier_rank``, writes) the full tensor, so no safety net may partition it under them (a
     checkpoint saved inside the context would turn it into a ``torch.Size([0])`` placeholder)."""
     return getattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, 0) > 0
+
+
+def _registered_with(module: Module, param: Parameter) -> bool:
+    """Whether ``param`` is one of ``module``'s external params.  A param a module returns from its forward
+    (DeepSpeed's post-forward hook marks it ``is_external_param``) is registered with the caller, which
+    uses it after the returning module ended: the returning module must not release it, the caller does,
+    by the rules of every external param (reuse window, end of backward)."""
+    external = getattr(module, "_external_params", None)
+    return bool(external) and id(param) in external
 
 
 def _in_autograd_backward() -> bool:
@@ -504,8 +515,10 @@ class ReferenceCoordinator:
         ds_id = module.ds_id
         for param in own:
             param.ds_active_sub_modules.discard(ds_id)
-            if param.ds_id not in release_ids or param.is_external_param or (keeps and self._nvme_keeps(param)):
+            if param.ds_id not in release_ids or (keeps and self._nvme_keeps(param)):
                 continue
+            if param.is_external_param and not _registered_with(module, param):
+                continue  # returned by this module: the caller it is registered with uses it, and releases it
             self._release(param, free_data)
             if not free_data:
                 param.data = empty
@@ -526,7 +539,7 @@ class ReferenceCoordinator:
             module.ds_recompute_parameters.clear()
             for param in params:
                 param.ds_active_sub_modules.discard(module.ds_id)
-                if not param.ds_persist and not param.is_external_param:
+                if not param.ds_persist:  # a returned param too: no module runs any more
                     self._release(param)
 
     @compiler.lazy_disable

@@ -257,6 +257,15 @@ CASES = (
         extra=ANCHORS_ONLY,
         anchors=(8,),
     ),
+    # the re-recorded trace starts with the stale half: it stops matching at the first backward (rule-g), and
+    # until then prefetch and the reuse window follow it (rule-c/d/f)
+    Case(
+        "keeps_half_recorded_pass.py:KeepsHalfRecordedPass",
+        "a trace invalidated while it is being recorded keeps the half-recorded pass",
+        frozenset({"rule-c", "rule-d", "rule-f", "rule-g"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
     Case(
         "inflight_after_divergence.py:InflightAfterDivergence",
         '"still have inflight params" after a pass that diverged from the trace with prefetches in flight',

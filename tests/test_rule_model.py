@@ -393,3 +393,63 @@ def test_external_param_must_be_gathered_by_its_users_hook():
     lazy = step(_external_events(False), ["w0", "", "w1", "", "w0 w1", "", "w0", ""], numel)
     violations = r.judge(cfg, [record, lazy])
     assert [(v.rule, v.step, v.event, v.param) for v in violations] == [("rule-a", 1, 2, "w0")]
+
+
+def _returned_events(step0: bool):
+    """P runs C, which returns its own param w1; P uses w1 after C ended.  DeepSpeed's post-forward hook
+    registers w1 with P at C's end, so P's pre event of the record step does not list it yet."""
+    return [
+        ev(FWD_PRE, "P", params=() if step0 else ("w1",)),
+        ev(FWD_PRE, "C1"),
+        ev(FWD_POST, "C1"),
+        ev(FWD_POST, "P", params=("w1",)),
+        ev(BWD_PRE, "P", params=("w1",)),
+        ev(BWD_PRE, "C1"),
+        ev(BWD_POST, "P", params=("w1",)),
+        ev(END),
+    ]
+
+
+def test_returned_param_is_the_callers_until_the_caller_ends():
+    """PO ``_post_forward_module_hook``: a ZeRO param in a module's output is registered as an external
+    param of the module on top of ``FWD_MODULE_STACK`` (the caller) before the module's release; ZeRO docs
+    "Returning a parameter ... register it with submodules that use" it; ``register_external_parameter``
+    docs: DeepSpeed then coordinates its "collection and partitioning" with that module.  So w1 stays
+    gathered past C1's end (rule-a) and goes with P's release (rule-b), at the end of backward too (C1's
+    post-backward never fires: its forward has no input)."""
+    numel = {"w1": N}
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0, returns={"C1": {"w1"}})
+    good = ["", "w1", "w1", "", "w1", "w1", "w1", ""]
+    assert r.judge(cfg, [step(_returned_events(True), good, numel)]) == []
+    dropped = ["", "w1", "", "", "w1", "w1", "w1", ""]  # partitioned by the module that returned it
+    violations = r.judge(cfg, [step(_returned_events(True), dropped, numel)])
+    assert [(v.rule, v.event, v.param) for v in violations] == [("rule-a", 2, "w1")]
+    kept = ["", "w1", "w1", "w1", "w1", "w1", "w1", "w1"]  # never partitioned by a hook (DeepSpeed 0.19.8)
+    violations = r.judge(cfg, [step(_returned_events(True), kept, numel)])
+    assert [(v.rule, v.event, v.param) for v in violations] == [("rule-b", 3, "w1"), ("rule-b", 7, "w1")]
+
+
+def _rehooked_events():
+    events = mlp_events(2)
+    return events[:4] + [Event(r.REHOOK)] + events[4:]
+
+
+def test_hooks_registered_again_drop_a_half_recorded_trace():
+    """PO ``_register_deepspeed_module`` on the root calls ``coordinator._invalidate_trace()`` (stage3.py's
+    ``unwrap_model_for_generation`` does on exit); PPC ``_invalidate_trace`` clears the trace structures
+    (``_clear_trace_structures``: the recorded module order too).  Hooks registered again between the
+    first forward and its backward: step 0's recording is dropped, step 1 records, step 2 is complete."""
+    numel = {"w0": N, "w1": N}
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    first = step(_rehooked_events(), ["w0", "", "w1", "", "", "w1", "", "w0", ""], numel, complete=False)
+    plain = ["w0", "", "w1", "", "w1", "", "w0", ""]
+    gathers = {"w0": 2, "w1": 2}
+    recording = step(mlp_events(2), plain, numel, gathers, complete=False)
+    assert r.judge(cfg, [first, recording, step(mlp_events(2), plain, numel, gathers)]) == []
+    # without the re-registration step 1 must be complete (rule-g): the event is what moves the trace
+    no_rehook = step(mlp_events(2), plain, numel, gathers, complete=False)
+    violations = r.judge(cfg, [no_rehook, recording])
+    assert [(v.rule, v.step) for v in violations] == [("rule-g", 1)]
+    trace = r.Trace()
+    r.judge(cfg, [first], trace)
+    assert trace.mode == "invalid" and trace.recording == []
