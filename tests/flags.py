@@ -265,6 +265,7 @@ CASES = (
         frozenset({"rule-c", "rule-d", "rule-f", "rule-g"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
+        anchors=(13,),
     ),
     Case(
         "inflight_after_divergence.py:InflightAfterDivergence",
