@@ -183,6 +183,15 @@ CASES = (
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
     ),
+    # axis bf16: exact at fp32, so every hand-written contract and every fp32 anchor passes; only the
+    # rule family's bf16 anchor shows it
+    Case(
+        "prefetch_bucket_in_bytes.py:PrefetchBucketInBytes",
+        "prefetch bucket budgeted in bytes at 4 per element (twice the bucket at bf16)",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+    ),
     Case(
         "prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive",
         "`stage3_max_live_parameters` never applied to prefetch",
