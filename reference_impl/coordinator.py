@@ -322,6 +322,7 @@ class ReferenceCoordinator:
     def _fetch(self, module: Module, forward: bool, is_leaf: bool) -> None:
         if self._step == 0:
             self._pass_root = module.ds_id  # the first fetch of a pass is its root module's
+            self._count_resident(module)
             if forward and self._grad_probe is None:
                 self._grad_probe = module.register_forward_pre_hook(_GradModeProbe(self), prepend=True)
         params = module_param_set(module, is_leaf)
@@ -565,6 +566,15 @@ class ReferenceCoordinator:
         if param.ds_status == _AVAILABLE and not param.ds_active_sub_modules:
             param.partition(free_data=free_data)
             self._forget_live(param)
+
+    def _count_resident(self, root: Module) -> None:
+        """Count params gathered outside the coordinator as live: stage 3 re-gathers the persistent params
+        after each optimizer step, and they are as resident as the ones fetched here
+        (``stage3_max_live_parameters``: "the maximum number of parameters resident per GPU")."""
+        for param in iter_params(root, recurse=True):
+            if param.ds_status != _NOT_AVAILABLE and param not in self._live:
+                self._live[param] = None
+                self._live_numel += param.ds_numel
 
     def _forget_live(self, param: Parameter) -> None:
         if param in self._live:

@@ -186,6 +186,16 @@ CASES = (
         extra=ANCHORS_ONLY,
         anchors=(0,),
     ),
+    # axis bf16: exact at fp32, so every hand-written contract and every fp32 anchor passes; only the
+    # rule family's bf16 anchor shows it
+    Case(
+        "prefetch_bucket_in_bytes.py:PrefetchBucketInBytes",
+        "prefetch bucket budgeted in bytes at 4 per element (twice the bucket at bf16)",
+        frozenset({"rule-d"}),
+        COORDINATOR_FAMILIES,
+        extra=ANCHORS_ONLY,
+        anchors=(14,),
+    ),
     Case(
         "prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive",
         "`stage3_max_live_parameters` never applied to prefetch",

@@ -82,6 +82,30 @@ def test_replay_accepts_a_saved_failure_a_bare_example_or_a_list(tmp_path):
     assert len(rule_batch.load_replay(json.dumps(rule_batch.ANCHORS[:2]))) == 2
 
 
+def test_axes_are_drawn_spelled_one_way_and_put_into_the_config():
+    drawn = rule_batch.draw_examples(40, None)
+    for axis in rule_batch.AXES:
+        assert any(axis in s["axes"] for s in drawn), f"{axis} never drawn in 40 examples"
+    assert any(not s["axes"] for s in drawn), "every drawn example has an axis: fp32 is drawn no more"
+    assert [s["axes"] for s in drawn] == [[a for a in rule_batch.AXES if a in s["axes"]] for s in drawn]
+    literal = json.dumps({"blocks": ["linear"], "zero": {}, "axes": ["zinit", "bf16"]})
+    assert rule_batch.load_replay(literal)[0]["axes"] == ["bf16", "zinit"]
+
+    from pytest_zero3.fixtures import family_rule, profiles
+
+    example = rule_batch.spec(["linear"], {"stage3_prefetch_bucket_size": 20}, axes=["bf16", "offload_param"])
+    config = family_rule.config_of(example, 2)
+    assert config["bf16"] == {"enabled": True}
+    assert config["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    assert config["zero_optimization"]["stage3_prefetch_bucket_size"] == 20
+    assert "offload_optimizer" not in config["zero_optimization"] and config["optimizer"]["params"]["torch_adam"]
+    assert family_rule.tolerance(profiles.dtype_of(config)) == profiles.TOLERANCE["bf16"]
+    plain = family_rule.config_of(rule_batch.spec(["linear"], {}), 2)
+    assert "bf16" not in plain and "offload_param" not in plain["zero_optimization"]
+    assert family_rule.tolerance(profiles.dtype_of(plain)) == (family_rule.PARITY_RTOL, family_rule.PARITY_ATOL)
+    assert "axes: bf16 weights" in family_rule.reproducer(example)
+
+
 @pytest.mark.parametrize(
     "bad, says",
     [
@@ -89,6 +113,9 @@ def test_replay_accepts_a_saved_failure_a_bare_example_or_a_list(tmp_path):
         ('{"blocks": ["linear"], "zero": {}, "colour": 1}', "unknown example fields ['colour']"),
         ('{"blocks": ["linear"], "zero": {}, "frozen": [3]}', "'frozen' must list block indices below 1"),
         ('{"blocks": ["linear"], "zero": {"stage3_max_reuse_distance": "0"}}', "'zero' maps stage3_* settings"),
+        ('{"blocks": ["linear"], "zero": {}, "axes": ["fp8"]}', "'axes' must list distinct names of"),
+        ('{"blocks": ["linear"], "zero": {}, "axes": "bf16"}', "'axes' must list distinct names of"),
+        ('{"blocks": ["linear"], "zero": {}, "axes": ["bf16", "bf16"]}', "'axes' must list distinct names of"),
         ("[]", "holds no example"),
         ("{not json", "is not JSON"),
     ],
