@@ -18,6 +18,8 @@ def _assert_no_problems(result, what):
     assert not result["problems"], f"{what}: " + "; ".join(result["problems"])
 
 
+# FusedAdam built in the forkserver: the resumed engine gets it on a base that pops torch_adam
+@pytest.mark.zero3_preload("pytest_zero3.fixtures.fused_adam_op")
 @pytest.mark.zero3_contract("004-a")
 def test_checkpoint_resume_is_exact(zero3_world, tmp_path):
     """The engine checkpoint is the resume path: anything it loses shows as a different next loss."""

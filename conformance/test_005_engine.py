@@ -39,6 +39,8 @@ def test_gathered_parameters(zero3_world):
     _assert_none([line for rank in results for line in rank["problems"]], "GatheredParameters")
 
 
+# FusedAdam built in the forkserver: the re-wrapped engine gets it on a base that pops torch_adam
+@pytest.mark.zero3_preload("pytest_zero3.fixtures.fused_adam_op")
 @pytest.mark.zero3_contract("005-c")
 def test_engine_lifecycle_hooks(zero3_world):
     """Sweeps, notebooks and RL trainers wrap the same model several times and remove and re-add
