@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 from pytest_zero3.job import Job
 
@@ -87,11 +88,25 @@ class ForkserverStuck(Exception):
     """The forkserver did not become ready (its preload hung or crashed); the message has its stack."""
 
 
+#: Forkservers kept warm at once in one process (each holds torch and one deepspeed: about 0.5 GB).
+#: Sessions that alternate between the installed deepspeed and a fork checkout (a suite's own tests)
+#: would otherwise restart one, at about 8 s of imports, at every switch.
+MAX_WARM = 3
+
+
+@dataclasses.dataclass
+class _Server:
+    """A forkserver of this process: what it was started with (see :func:`_fits`) and its stack file."""
+
+    fits: tuple
+    server: Any  # multiprocessing.forkserver.ForkServer
+    stack_path: str
+
+
 _context = None
-_stack_path = ""
+_servers: list = []  # warm forkservers, the most recently used first; _servers[0] is the active one
 _live: set = set()
-_held = 0  # > 0 while held(): the forkserver outlives the pytest sessions run in this process
-_loaded: tuple = ()  # what the running forkserver was started with (see _fits)
+_held = 0  # > 0 while held(): the forkservers outlive the pytest sessions run in this process
 
 
 def _fits(job: Job) -> tuple:
@@ -105,31 +120,67 @@ def _fits(job: Job) -> tuple:
     return impl.import_path(job.spec), env, frozenset(job.preload)
 
 
-def context(job: Job):
-    """The forkserver context, started on first use with what ``job`` names loaded.
+def _activate(entry: _Server) -> None:
+    """Make ``entry`` the forkserver that multiprocessing's forkserver context starts processes from.
 
-    A held forkserver (:func:`held`) is reused by a later session whose job fits it, and replaced by
-    a fresh one when the job does not (another deepspeed, another environment, more preloads).
+    multiprocessing keeps one forkserver per process, a module-level instance whose bound methods the
+    module re-exports; :mod:`multiprocessing.popen_forkserver` looks them up at each start, so swapping
+    the five names switches the server new processes are forked from."""
+    from multiprocessing import forkserver
+
+    srv = entry.server
+    forkserver._forkserver = srv
+    forkserver.ensure_running = srv.ensure_running
+    forkserver.get_inherited_fds = srv.get_inherited_fds
+    forkserver.connect_to_new_process = srv.connect_to_new_process
+    forkserver.set_forkserver_preload = srv.set_forkserver_preload
+    _servers.remove(entry)
+    _servers.insert(0, entry)
+
+
+def context(job: Job):
+    """The forkserver context, with a forkserver that has what ``job`` names loaded.
+
+    Up to :data:`MAX_WARM` forkservers stay warm while :func:`held`: a later session whose job fits one
+    (the same deepspeed and environment, its preloads a superset) forks from it; a job that fits none
+    gets a fresh one (replacing one of the same deepspeed with fewer preloads, else the least recently
+    used).  The forkserver itself starts at the first :func:`start_all`.
     """
-    global _context, _stack_path, _loaded
-    if _context is not None:
-        place, env, preload = _fits(job)
-        if (place, env) != _loaded[:2] or not preload <= _loaded[2]:
-            _stop_server()
-    if _context is None:
-        _loaded = _fits(job)
-        remove_leftovers()
-        here = session_dir(os.getpid())
-        shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
-        os.makedirs(here)
-        _stack_path = os.path.join(here, "forkserver.stack")
-        job = dataclasses.replace(job, preload=tuple(sorted(set(job.preload))), forkserver_stack=_stack_path)
+    global _context
+    from multiprocessing.forkserver import ForkServer
+
+    place, env, preload = _fits(job)
+    entry = next((e for e in _servers if e.fits[:2] == (place, env) and preload <= e.fits[2]), None)
+    if entry is None:
+        for old in [e for e in _servers if e.fits[:2] == (place, env)]:
+            preload |= old.fits[2]  # the next session may need either set again
+            _stop_one(old)
+        while len(_servers) >= MAX_WARM:
+            _stop_one(_servers[-1])
+        if not _servers:
+            remove_leftovers()
+            here = session_dir(os.getpid())
+            shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
+            os.makedirs(here)
+        stack_path = os.path.join(session_dir(os.getpid()), f"forkserver-{_next_id()}.stack")
+        job = dataclasses.replace(job, preload=tuple(sorted(preload)), forkserver_stack=stack_path)
+        # read by the forkserver's preload when it starts (at the next start_all), before any other write
         with open(payload_path(os.getpid()), "wb") as fh:
             pickle.dump(job, fh)
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["pytest_zero3.preload"])
-        _context = ctx
+        server = ForkServer()
+        server.set_forkserver_preload(["pytest_zero3.preload"])
+        entry = _Server((place, env, frozenset(preload)), server, stack_path)
+        _servers.insert(0, entry)
+    _activate(entry)
+    _context = multiprocessing.get_context("forkserver")
     return _context
+
+
+_ids = iter(range(1, 1 << 30))
+
+
+def _next_id() -> int:
+    return next(_ids)
 
 
 def start_all(ctx, target, args_list, timeout: float) -> list:
@@ -161,9 +212,10 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
     starter.join(timeout)
     stuck = starter.is_alive()
     if stuck or errors:
-        global _context
         stack = _stop_forkserver()
-        _context = None  # the next world writes its payload again: a restart must not inherit this one's
+        # the next world writes its payload again: a restart must not inherit this one's
+        if _servers:
+            _stop_one(_servers[0])
         starter.join(10)
         for proc in procs:
             kill(proc)
@@ -189,7 +241,7 @@ def _stop_forkserver() -> str:
     from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    path = _stack_path
+    path = _servers[0].stack_path if _servers else ""
     if not pid:
         return ""
     try:
@@ -252,18 +304,23 @@ def held():
             kill_all()
 
 
-def _stop_server() -> None:
-    """Stop the forkserver and remove the session's temp directory."""
-    global _context
-    if _context is not None:
-        from multiprocessing import forkserver
+def _stop_one(entry: _Server) -> None:
+    """Stop one warm forkserver (its ranks were killed by the session that used them)."""
+    stop = getattr(entry.server, "_stop", None)
+    if stop is not None:
+        try:
+            stop()
+        except Exception:
+            pass
+    with contextlib.suppress(ValueError):
+        _servers.remove(entry)
 
-        stop = getattr(forkserver._forkserver, "_stop", None)
-        if stop is not None:
-            try:
-                stop()
-            except Exception:
-                pass
+
+def _stop_server() -> None:
+    """Stop every forkserver of this process and remove the session's temp directory."""
+    global _context
+    for entry in list(_servers):
+        _stop_one(entry)
     _context = None
     shutil.rmtree(session_dir(os.getpid()), ignore_errors=True)
 

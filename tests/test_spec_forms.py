@@ -4,6 +4,7 @@ import os
 import re
 
 from conftest import ROOT
+from pytest_zero3 import spawner
 
 CASE = str(ROOT / "tests" / "data" / "identity_case.py")
 
@@ -33,12 +34,30 @@ def test_reference(run_pytest):
     assert cls == "pytest_zero3.reference_impl.coordinator.ReferenceCoordinator"
 
 
+def _forkserver_pids() -> dict:
+    """``{deepspeed import path: pid}`` of the forkservers this process keeps warm (spawner.held)."""
+    return {entry.fits[0]: entry.server._forkserver_pid for entry in spawner._servers}
+
+
 def test_fork_directory_is_imported_by_every_rank(run_pytest, fork_without_checkpoint_fix):
+    """A fork's session between two on the installed deepspeed: each rank imports the session's own
+    deepspeed, and the installed one's forkserver stays warm through the fork's session (a restart
+    at every switch costs about 8 s of imports)."""
+    import importlib.util
+
+    installed = os.path.dirname(importlib.util.find_spec("deepspeed").origin)
     fork = fork_without_checkpoint_fix
+    assert identity(run_pytest(CASE, "-s"))[0] == installed
+    before = _forkserver_pids()
     run = run_pytest(CASE, "-s", f"--zero3-impl={fork}")
     path, _ = identity(run)
     assert path == os.path.join(fork, "deepspeed")
     assert f"from {os.path.join(fork, 'deepspeed')}" in run.stdout  # the header names the fork
+    assert identity(run_pytest(CASE, "-s"))[0] == installed
+    after = _forkserver_pids()
+    warm = [place for place in before if before[place] is not None]
+    assert warm and all(after.get(place) == before[place] for place in warm), (before, after)
+    assert len(after) == len(before) + 1  # and the fork's own, warm for its next session
 
 
 def test_file_and_module_class_forms(run_pytest):
