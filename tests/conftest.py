@@ -85,7 +85,7 @@ def warm_forkserver():
 
 
 #: Arguments that need a pytest process of its own.
-_OWN_PROCESS = ("-n", "--numprocesses", "-p", "--zero3-baseline", "--zero3-launcher")
+_OWN_PROCESS = ("-n", "--numprocesses", "-p", "--zero3-launcher")
 
 
 def _needs_own_process(args, cwd, env) -> bool:
