@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -103,7 +104,6 @@ class _Server:
     stack_path: str
 
 
-_context = None
 _servers: list = []  # warm forkservers, the most recently used first; _servers[0] is the active one
 _live: set = set()
 _held = 0  # > 0 while held(): the forkservers outlive the pytest sessions run in this process
@@ -146,7 +146,6 @@ def context(job: Job):
     gets a fresh one (replacing one of the same deepspeed with fewer preloads, else the least recently
     used).  The forkserver itself starts at the first :func:`start_all`.
     """
-    global _context
     from multiprocessing.forkserver import ForkServer
 
     place, env, preload = _fits(job)
@@ -162,7 +161,7 @@ def context(job: Job):
             here = session_dir(os.getpid())
             shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
             os.makedirs(here)
-        stack_path = os.path.join(session_dir(os.getpid()), f"forkserver-{_next_id()}.stack")
+        stack_path = os.path.join(session_dir(os.getpid()), f"forkserver-{next(_ids)}.stack")
         job = dataclasses.replace(job, preload=tuple(sorted(preload)), forkserver_stack=stack_path)
         # read by the forkserver's preload when it starts (at the next start_all), before any other write
         with open(payload_path(os.getpid()), "wb") as fh:
@@ -172,15 +171,10 @@ def context(job: Job):
         entry = _Server((place, env, frozenset(preload)), server, stack_path)
         _servers.insert(0, entry)
     _activate(entry)
-    _context = multiprocessing.get_context("forkserver")
-    return _context
+    return multiprocessing.get_context("forkserver")
 
 
-_ids = iter(range(1, 1 << 30))
-
-
-def _next_id() -> int:
-    return next(_ids)
+_ids = itertools.count(1)  # names each forkserver's stack file in the session directory
 
 
 def start_all(ctx, target, args_list, timeout: float) -> list:
@@ -318,10 +312,8 @@ def _stop_one(entry: _Server) -> None:
 
 def _stop_server() -> None:
     """Stop every forkserver of this process and remove the session's temp directory."""
-    global _context
     for entry in list(_servers):
         _stop_one(entry)
-    _context = None
     shutil.rmtree(session_dir(os.getpid()), ignore_errors=True)
 
 
