@@ -20,6 +20,7 @@ class Job:
     parent_pid: int  # pytest: the forkserver and the ranks never outlive it
     preload: tuple[str, ...] = ()  # extra modules the forkserver imports once
     forkserver_stack: str = ""  # where the forkserver writes its stack when asked (SIGUSR1)
+    zygote: bool = False  # the forkserver is a zygote: torch only, rank forkservers fork from it (zygote.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,8 +50,35 @@ def _load_all() -> None:
             job = pickle.load(fh)
     except OSError:  # started by something other than pytest_zero3.spawner: load the basics only
         job = Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=pytest_pid)
+    if job.zygote:
+        _load_torch(job)
+    else:
+        load(job)
+
+
+def _load_torch(job: Job) -> None:
+    """A zygote's load (:mod:`pytest_zero3.zygote`): what every rank forkserver needs but deepspeed."""
+    from pytest_zero3.zygote import TORCH
+
+    _stack_on_signal(job)
+    for name in (*BASE, *TORCH):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            if name in BASE:
+                raise
+    gc.collect()
+    gc.freeze()
+
+
+def _stack_on_signal(job: Job) -> None:
     if job.forkserver_stack:  # lets the parent see where a slow or stuck preload is
         faulthandler.register(signal.SIGUSR1, file=open(job.forkserver_stack, "w"), all_threads=True)
+
+
+def load(job: Job) -> None:
+    """Load what ``job`` names, in this forkserver (started by pytest, or forked from a zygote)."""
+    _stack_on_signal(job)
     # The parent's path, in its order: a fork checkout first, then test-local modules.
     sys.path[:0] = [entry for entry in job.sys_path if entry not in sys.path]
     # The user's preloads first: one that blocks (a stale build lock) shows in the stack at once, and

@@ -120,22 +120,57 @@ def _fits(job: Job) -> tuple:
     return impl.import_path(job.spec), env, frozenset(job.preload)
 
 
-def _activate(entry: _Server) -> None:
-    """Make ``entry`` the forkserver that multiprocessing's forkserver context starts processes from.
+def _swap(srv) -> Any:
+    """Make ``srv`` the forkserver that multiprocessing's forkserver context starts processes from;
+    return the one it replaces.
 
     multiprocessing keeps one forkserver per process, a module-level instance whose bound methods the
     module re-exports; :mod:`multiprocessing.popen_forkserver` looks them up at each start, so swapping
     the five names switches the server new processes are forked from."""
     from multiprocessing import forkserver
 
-    srv = entry.server
+    old = forkserver._forkserver
     forkserver._forkserver = srv
     forkserver.ensure_running = srv.ensure_running
     forkserver.get_inherited_fds = srv.get_inherited_fds
     forkserver.connect_to_new_process = srv.connect_to_new_process
     forkserver.set_forkserver_preload = srv.set_forkserver_preload
+    return old
+
+
+@contextlib.contextmanager
+def using(srv):
+    """Start processes from ``srv`` inside (a zygote, while it forks a rank forkserver)."""
+    old = _swap(srv)
+    try:
+        yield
+    finally:
+        _swap(old)
+
+
+def _activate(entry: _Server) -> None:
+    _swap(entry.server)
     _servers.remove(entry)
     _servers.insert(0, entry)
+
+
+_zygotes: dict = {}  # environment (see _fits) -> (zygote forkserver, its stack file)
+
+
+def _zygote(env: tuple, job: Job):
+    """The zygote for ``env`` (:mod:`pytest_zero3.zygote`), made if there is none; it starts at its first use."""
+    from multiprocessing.forkserver import ForkServer
+
+    if env not in _zygotes:
+        stack_path = os.path.join(session_dir(os.getpid()), f"zygote-{next(_ids)}.stack")
+        # torch only: no fork checkout on its path, which a rank forkserver of another deepspeed inherits
+        payload = dataclasses.replace(job, preload=(), sys_path=(), forkserver_stack=stack_path, zygote=True)
+        with open(payload_path(os.getpid()), "wb") as fh:
+            pickle.dump(payload, fh)
+        server = ForkServer()
+        server.set_forkserver_preload(["pytest_zero3.preload"])
+        _zygotes[env] = (server, stack_path)
+    return _zygotes[env][0]
 
 
 def context(job: Job):
@@ -156,18 +191,25 @@ def context(job: Job):
             _stop_one(old)
         while len(_servers) >= MAX_WARM:
             _stop_one(_servers[-1])
-        if not _servers:
+        if not _servers and not _zygotes:
             remove_leftovers()
             here = session_dir(os.getpid())
             shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
             os.makedirs(here)
         stack_path = os.path.join(session_dir(os.getpid()), f"forkserver-{next(_ids)}.stack")
         job = dataclasses.replace(job, preload=tuple(sorted(preload)), forkserver_stack=stack_path)
-        # read by the forkserver's preload when it starts (at the next start_all), before any other write
-        with open(payload_path(os.getpid()), "wb") as fh:
-            pickle.dump(job, fh)
-        server = ForkServer()
-        server.set_forkserver_preload(["pytest_zero3.preload"])
+        server: Any
+        if _held:  # the forkservers of a process that keeps them fork from a zygote (zygote.py)
+            from pytest_zero3.zygote import LAZY_ENV, RankForkServer
+
+            torch_env = tuple((k, v) for k, v in env if k not in LAZY_ENV)
+            server = RankForkServer(_zygote(torch_env, job), job, dict(os.environ))
+        else:
+            # read by the forkserver's preload when it starts (at the next start_all), before any other write
+            with open(payload_path(os.getpid()), "wb") as fh:
+                pickle.dump(job, fh)
+            server = ForkServer()
+            server.set_forkserver_preload(["pytest_zero3.preload"])
         entry = _Server((place, env, frozenset(preload)), server, stack_path)
         _servers.insert(0, entry)
     _activate(entry)
@@ -234,8 +276,16 @@ def _stop_forkserver() -> str:
     """Dump the forkserver's stack, kill it (the next start launches a new one), return the stack."""
     from multiprocessing import forkserver
 
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    srv = forkserver._forkserver
+    pid = getattr(srv, "_forkserver_pid", None)
     path = _servers[0].stack_path if _servers else ""
+    zygote = getattr(srv, "_zygote", None)
+    if not pid and zygote is not None:  # stuck before the zygote answered: its stack; a fresh one next time
+        pid = zygote._forkserver_pid
+        for env, (server, stack) in list(_zygotes.items()):
+            if server is zygote:
+                path = stack
+                del _zygotes[env]
     if not pid:
         return ""
     try:
@@ -246,6 +296,8 @@ def _stop_forkserver() -> str:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    if zygote is not None and pid == zygote._forkserver_pid:
+        _stop_zygote(zygote)
     try:
         with open(path) as fh:
             return fh.read()
@@ -310,10 +362,29 @@ def _stop_one(entry: _Server) -> None:
         _servers.remove(entry)
 
 
+def _stop_zygote(server) -> None:
+    """Kill a zygote (it holds nothing but imports; its rank forkservers were stopped first)."""
+    pid, server._forkserver_pid = server._forkserver_pid, None
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(server._forkserver_alive_fd)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    with contextlib.suppress(OSError, TypeError):
+        os.unlink(server._forkserver_address)
+    server._forkserver_alive_fd = server._forkserver_address = None
+
+
 def _stop_server() -> None:
     """Stop every forkserver of this process and remove the session's temp directory."""
     for entry in list(_servers):
         _stop_one(entry)
+    for server, _ in _zygotes.values():
+        _stop_zygote(server)
+    _zygotes.clear()
     shutil.rmtree(session_dir(os.getpid()), ignore_errors=True)
 
 

@@ -42,7 +42,7 @@ def _forkserver_pids() -> dict:
 def test_fork_directory_is_imported_by_every_rank(run_pytest, fork_without_checkpoint_fix):
     """A fork's session between two on the installed deepspeed: each rank imports the session's own
     deepspeed, and the installed one's forkserver stays warm through the fork's session (a restart
-    at every switch costs about 8 s of imports)."""
+    at every switch costs about 8 s of imports); both are forked from one zygote holding torch."""
     import importlib.util
 
     installed = os.path.dirname(importlib.util.find_spec("deepspeed").origin)
@@ -59,6 +59,15 @@ def test_fork_directory_is_imported_by_every_rank(run_pytest, fork_without_check
     after = _forkserver_pids()
     assert before[key] is not None and after[key] == before[key], (before, after)
     assert after[fork_key] is not None  # and the fork's own, warm for its next session
+    # both forked from one zygote, which imported torch once for the two (pytest_zero3/zygote.py)
+    parents = {_parent(after[key]), _parent(after[fork_key])}
+    assert len(parents) == 1 and parents != {os.getpid()}, (parents, os.getpid())
+    assert _parent(parents.pop()) == os.getpid()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rpartition(")")[2].split()[1])
 
 
 def test_file_and_module_class_forms(run_pytest):

@@ -1,0 +1,141 @@
+"""A forkserver that holds torch, from which each deepspeed's forkserver is forked.
+
+A rank forkserver imports torch, ``torch._dynamo`` and the inductor modules DeepSpeed's optimizer
+pulls in (about 8 s of CPU, measured) before its one deepspeed (under 1 s).  A process that keeps
+forkservers warm (:func:`pytest_zero3.spawner.held`: the suite's own tests, which switch between
+the installed deepspeed and fork checkouts) pays the torch part once: the zygote imports it, and each
+rank forkserver is a child of the zygote that imports only its deepspeed and preloads, then serves
+as multiprocessing's forkserver for that deepspeed (:func:`serve`).
+
+Every level dies with the one above it (``PR_SET_PDEATHSIG``): pytest, the zygote, the rank
+forkservers, the ranks.  The zygote is keyed by the environment like any forkserver (torch reads
+some of it at import), less :data:`LAZY_ENV`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import threading
+from multiprocessing import reduction
+from typing import Any
+
+#: What the zygote imports besides the rank forkserver's own list without deepspeed
+#: (``pytest_zero3.preload.BASE``): the inductor modules that deepspeed.runtime.zero.muon imports.
+TORCH = ("torch._inductor.compile_fx",)
+
+#: Variables a zygote may differ in from its rank forkservers: nothing it imports reads them (torch
+#: reads TORCH_EXTENSIONS_DIR when it builds an op, deepspeed reads DS_ACCELERATOR), and the plugin
+#: sets both per deepspeed.  Each rank forkserver takes its requester's whole environment (serve).
+LAZY_ENV = frozenset({"TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR"})
+
+
+class Fd:
+    """A file descriptor handed to a process the zygote forks (sent with it, as multiprocessing sends
+    a Connection's)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _detach, (reduction.DupFd(self.fd),)
+
+
+def _detach(dup) -> int:
+    return dup.detach()
+
+
+def serve(job, env: dict, listener_fd: int, alive_r: int) -> None:
+    """In a child of the zygote: load ``job`` (its deepspeed, preloads, ops) and serve as the forkserver
+    its ranks are forked from, until the pytest process that asked for it closes its end of ``alive_r``
+    (multiprocessing's own protocol) or the zygote dies."""
+    from multiprocessing import forkserver
+
+    from pytest_zero3 import preload, rank  # preload: imported by the zygote, which loaded torch with it
+
+    zygote = os.getppid()
+    rank.die_with_parent()
+    if os.getppid() != zygote:
+        os._exit(1)
+    os.environ.clear()
+    os.environ.update(env)  # the requester's, as a forkserver it started itself would have inherited
+    preload.load(job)
+    # preloads: none left to import; main_path/sys_path: the job set sys.path already
+    forkserver.main(listener_fd, alive_r, [])
+
+
+class RankForkServer(multiprocessing.forkserver.ForkServer):
+    """multiprocessing's ForkServer for a rank forkserver forked from a zygote: the same client side
+    (``connect_to_new_process``), started by asking the zygote (:meth:`start`), watched through its
+    Process handle (it is the zygote's child, not this process's, so ``waitpid`` cannot)."""
+
+    def __init__(self, zygote: multiprocessing.forkserver.ForkServer, job, env: dict):
+        super().__init__()
+        self._zygote, self._job, self._env = zygote, job, env
+        self._process: Any = None
+        self._start_lock = threading.Lock()
+
+    def ensure_running(self) -> None:
+        """The zygote must be running (started from the caller's thread: see spawner.start_all); the
+        rank forkserver itself starts at :meth:`start`, from the thread whose start-up is timed."""
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        self._zygote.ensure_running()
+
+    def start(self) -> None:
+        """Ask the zygote for this forkserver, unless it runs; blocks until the zygote is ready."""
+        import socket
+        from multiprocessing import connection, util
+
+        with self._start_lock:
+            if self._process is not None and self._process.exitcode is None:
+                return
+            if self._process is not None:
+                raise RuntimeError(f"the rank forkserver exited with {self._process.exitcode}")
+            from pytest_zero3 import spawner
+
+            with socket.socket(socket.AF_UNIX) as listener:
+                address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+                listener.bind(address)
+                os.chmod(address, 0o600)
+                listener.listen()
+                alive_r, alive_w = os.pipe()
+                try:
+                    with spawner.using(self._zygote):
+                        ctx = multiprocessing.get_context("forkserver")
+                        proc = ctx.Process(
+                            target=serve,
+                            args=(self._job, self._env, Fd(listener.fileno()), Fd(alive_r)),
+                            daemon=True,
+                            name="pytest-zero3-forkserver",
+                        )
+                        proc.start()
+                except BaseException:
+                    os.close(alive_w)
+                    raise
+                finally:
+                    os.close(alive_r)
+            self._process = proc
+            self._forkserver_address, self._forkserver_alive_fd, self._forkserver_pid = address, alive_w, proc.pid
+            util.debug(f"rank forkserver {proc.pid} forked from the zygote")
+
+    def connect_to_new_process(self, fds):
+        self.start()
+        return super().connect_to_new_process(fds)
+
+    def _stop_unlocked(self) -> None:
+        proc = self._process
+        if proc is None:
+            return
+        self._process = None
+        os.close(self._forkserver_alive_fd)
+        vars(self).update(_forkserver_alive_fd=None, _forkserver_pid=None)
+        proc.join(10)  # it exits once its alive pipe is closed by every holder (the ranks are gone)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(10)
+        address, self._forkserver_address = self._forkserver_address, None
+        if address and os.path.exists(address):
+            os.unlink(address)
