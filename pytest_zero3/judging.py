@@ -65,6 +65,9 @@ def rule_config(engine):
         max_live=int(engine.zero_max_live_parameters()),
         persistence_threshold=int(engine.zero_param_persistence_threshold()),
         frozen=frozenset(n for n, p in named if not p.requires_grad),
+        # a module's params enter the trace by ds_id (record_parameters); by name, a bias would come
+        # before its weight, and prefetch with a bucket smaller than one weight is judged wrongly
+        order={n: int(p.ds_id) for n, p in named},
     )
     capped = int(engine.zero_model_persistence_threshold())
     if capped < sys.maxsize:
