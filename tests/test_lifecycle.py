@@ -36,14 +36,27 @@ def short_temp():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_hanging_session(tmp_path, temp):
+def _start_hanging_session(tmp_path, temp, held=False):
     """pytest on a scenario that blocks on both ranks, in its own temp dir; returns it once both ranks
-    run, with the pids of the ranks and of every process pytest started (forkserver, resource tracker)."""
+    run, with the pids of the ranks and of every process pytest started (forkserver, resource tracker;
+    ``held``: the zygote too)."""
     markers = tmp_path / "markers"
     markers.mkdir()
     env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu", TMPDIR=str(temp))
+    plugin = ("-p", "held_plugin") if held else ()
+    if held:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DATA), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(DATA / "hang_case.py"), "--zero3-timeout=600"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            *plugin,
+            str(DATA / "hang_case.py"),
+            "--zero3-timeout=600",
+        ],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -64,6 +77,10 @@ def _start_hanging_session(tmp_path, temp):
         print(f"pytest's output:\n{out[-4000:]}")  # shown with the failure
         raise
     return proc, descendants, temp
+
+
+def _depth(process) -> int:
+    return max((1 + _depth(child) for child in process.children()), default=0)
 
 
 def _running(pid) -> bool:
@@ -92,13 +109,17 @@ def test_no_rank_or_forkserver_outlives_sigterm_of_pytest(tmp_path, short_temp):
 
 
 @pytest.mark.slow  # a pytest of its own, whose forkserver imports torch and deepspeed: about 30 s
-def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path, short_temp):
+@pytest.mark.parametrize("held", [False, True], ids=["forkserver", "zygote"])
+def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path, short_temp, held):
     """SIGKILL (a CI job past its limit, the OOM killer) leaves pytest no chance to clean up: the ranks,
-    the forkserver and multiprocessing's resource tracker must still go, within 10 s; the session's temp
-    files are removed by the next session (by its pid being gone)."""
+    the forkserver (and the zygote it was forked from, in a process that holds its forkservers) and
+    multiprocessing's resource tracker must still go, within 10 s; the session's temp files are
+    removed by the next session (by its pid being gone)."""
     from pytest_zero3 import spawner
 
-    proc, descendants, temp = _start_hanging_session(tmp_path, short_temp)
+    proc, descendants, temp = _start_hanging_session(tmp_path, short_temp, held)
+    # pytest -> forkserver -> ranks; held: pytest -> zygote -> forkserver -> ranks
+    assert _depth(psutil.Process(proc.pid)) == (3 if held else 2)
     proc.kill()
     proc.wait(timeout=10)
     _wait_for(lambda: not any(map(_running, descendants)), 10, "every rank, the forkserver and the tracker to exit")
