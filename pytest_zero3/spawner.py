@@ -155,6 +155,7 @@ def _activate(entry: _Server) -> None:
 
 
 _zygotes: dict = {}  # environment (see _fits) -> (zygote forkserver, its stack file)
+_shared = ""  # what share_zygote() set in the environment
 
 
 def _zygote(env: tuple, job: Job):
@@ -162,6 +163,12 @@ def _zygote(env: tuple, job: Job):
     from multiprocessing.forkserver import ForkServer
 
     if env not in _zygotes:
+        from pytest_zero3 import zygote
+
+        found = zygote.shared()
+        if found is not None:
+            _zygotes[env] = (found, "")
+            return found
         stack_path = os.path.join(session_dir(os.getpid()), f"zygote-{next(_ids)}.stack")
         # torch only: no fork checkout on its path, which a rank forkserver of another deepspeed inherits
         payload = dataclasses.replace(job, preload=(), sys_path=(), forkserver_stack=stack_path, zygote=True)
@@ -199,11 +206,12 @@ def context(job: Job):
         stack_path = os.path.join(session_dir(os.getpid()), f"forkserver-{next(_ids)}.stack")
         job = dataclasses.replace(job, preload=tuple(sorted(preload)), forkserver_stack=stack_path)
         server: Any
-        if _held:  # the forkservers of a process that keeps them fork from a zygote (zygote.py)
-            from pytest_zero3.zygote import LAZY_ENV, RankForkServer
+        from pytest_zero3 import zygote
 
-            torch_env = tuple((k, v) for k, v in env if k not in LAZY_ENV)
-            server = RankForkServer(_zygote(torch_env, job), job, dict(os.environ))
+        # the forkservers of a process that keeps them, or of one started where a zygote is shared,
+        # fork from a zygote (zygote.py)
+        if _held or zygote.shared() is not None:
+            server = zygote.RankForkServer(_zygote(zygote.torch_env(), job), job, dict(os.environ))
         else:
             # read by the forkserver's preload when it starts (at the next start_all), before any other write
             with open(payload_path(os.getpid()), "wb") as fh:
@@ -334,6 +342,25 @@ def kill_all() -> None:
         _stop_server()
 
 
+def share_zygote() -> None:
+    """Start this process's zygote now and share it with the pytest processes it starts from now on
+    (:func:`pytest_zero3.zygote.share`): each of them forks its forkserver from it instead of importing
+    torch for one.  Inside :func:`held` only; the zygote goes when this process stops its forkservers."""
+    from pytest_zero3 import zygote
+    from pytest_zero3.impl import Spec
+
+    assert _held, "share_zygote() needs held()"
+    if not _servers and not _zygotes:
+        remove_leftovers()
+        here = session_dir(os.getpid())
+        shutil.rmtree(here, ignore_errors=True)
+        os.makedirs(here)
+    global _shared
+    job = Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=os.getpid())
+    zygote.share(_zygote(zygote.torch_env(), job))
+    _shared = os.environ[zygote.ENV_VAR]
+
+
 @contextlib.contextmanager
 def held():
     """Keep the forkserver warm across the pytest sessions run in this process while inside (pytest
@@ -363,7 +390,14 @@ def _stop_one(entry: _Server) -> None:
 
 
 def _stop_zygote(server) -> None:
-    """Kill a zygote (it holds nothing but imports; its rank forkservers were stopped first)."""
+    """Kill a zygote (it holds nothing but imports; its rank forkservers were stopped first); one that
+    another process shares with this one is only let go."""
+    from pytest_zero3 import zygote
+
+    if isinstance(server, zygote.SharedZygote):
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        return
     pid, server._forkserver_pid = server._forkserver_pid, None
     if pid is None:
         return
@@ -385,6 +419,12 @@ def _stop_server() -> None:
     for server, _ in _zygotes.values():
         _stop_zygote(server)
     _zygotes.clear()
+    global _shared
+    from pytest_zero3 import zygote
+
+    if _shared and os.environ.get(zygote.ENV_VAR) == _shared:  # the zygote it named is gone
+        del os.environ[zygote.ENV_VAR]
+    _shared = ""
     shutil.rmtree(session_dir(os.getpid()), ignore_errors=True)
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import select
 import threading
+import zlib
 from multiprocessing import reduction
 from typing import Any
 
@@ -58,11 +60,88 @@ def serve(job, env: dict, listener_fd: int, alive_r: int) -> None:
     rank.die_with_parent()
     if os.getppid() != zygote:
         os._exit(1)
+    _die_with(job.parent_pid)
     os.environ.clear()
     os.environ.update(env)  # the requester's, as a forkserver it started itself would have inherited
     preload.load(job)
     # preloads: none left to import; main_path/sys_path: the job set sys.path already
     forkserver.main(listener_fd, alive_r, [])
+
+
+def _die_with(pid: int) -> None:
+    """End this process when ``pid`` (the pytest that asked for it) ends: a shared zygote's parent is
+    another process (:func:`shared`), so the kernel's parent-death signal cannot tell."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        return  # no pidfd here: shared() is never used without one
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pytest-zero3-requester", daemon=True).start()
+
+
+#: Where a shared zygote is found by the pytest processes a process starts (:func:`share`):
+#: ``address|pid|tag``, tag naming the environment it loaded torch under.
+ENV_VAR = "PYTEST_ZERO3_ZYGOTE"
+
+
+def torch_env(environ=None) -> tuple:
+    """The part of the environment a zygote is keyed by: all but pytest's own and :data:`LAZY_ENV`."""
+    environ = os.environ if environ is None else environ
+    return tuple(sorted((k, v) for k, v in environ.items() if not k.startswith("PYTEST_") and k not in LAZY_ENV))
+
+
+def tag(env: tuple) -> str:
+    return f"{zlib.crc32(repr(env).encode()):08x}"
+
+
+class SharedZygote(multiprocessing.forkserver.ForkServer):
+    """The client side of a zygote another process started and shared (:func:`shared`): it forks this
+    process's rank forkservers as its own zygote would; it is never stopped from here."""
+
+    def __init__(self, address: str, pid: int):
+        super().__init__()
+        r, w = os.pipe()  # sent along as multiprocessing's alive fd; the zygote never reads it
+        os.close(r)
+        self._forkserver_address: Any = address
+        self._forkserver_pid: Any = pid
+        self._forkserver_alive_fd: Any = w
+
+    def ensure_running(self) -> None:
+        from multiprocessing import resource_tracker
+
+        from pytest_zero3 import spawner
+
+        resource_tracker.ensure_running()
+        if not spawner.alive(self._forkserver_pid):
+            raise RuntimeError(f"the shared zygote (pid {self._forkserver_pid}, {ENV_VAR}) is gone")
+
+
+def shared() -> SharedZygote | None:
+    """The zygote named by :data:`ENV_VAR`, when it runs and loaded torch under this environment."""
+    value = os.environ.get(ENV_VAR, "")
+    address, _, rest = value.partition("|")
+    pid, _, want = rest.partition("|")
+    from pytest_zero3 import spawner
+
+    if not (address and pid.isdigit() and want == tag(torch_env()) and hasattr(os, "pidfd_open")):
+        return None
+    if not spawner.alive(int(pid)):
+        return None
+    return SharedZygote(address, int(pid))
+
+
+def share(server: Any) -> None:
+    """Start ``server`` (this process's zygote) and name it in :data:`ENV_VAR` for the processes this
+    one starts from now on (opt-in: a test suite that runs many pytests, each of which would import
+    torch for a forkserver of its own)."""
+    server.ensure_running()
+    os.environ[ENV_VAR] = f"{server._forkserver_address}|{server._forkserver_pid}|{tag(torch_env())}"
 
 
 class RankForkServer(multiprocessing.forkserver.ForkServer):

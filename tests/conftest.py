@@ -82,9 +82,12 @@ class Run:
 
 @pytest.fixture(scope="session")
 def warm_forkserver():
-    """One forkserver for this process's in-process pytest sessions (stopped at the end)."""
+    """Forkservers kept warm for this process's in-process pytest sessions, and its zygote shared with the
+    pytests it starts (stopped at the end)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     with spawner.held():
+        # the pytests the tests start fork their forkservers from this process's zygote (torch imported once)
+        spawner.share_zygote()
         yield
 
 

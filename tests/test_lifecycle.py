@@ -42,7 +42,9 @@ def _start_hanging_session(tmp_path, temp, held=False):
     ``held``: the zygote too)."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    env = dict(os.environ, ZERO3_MARKER_DIR=str(markers), DS_ACCELERATOR="cpu", TMPDIR=str(temp))
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    if temp is not None:  # its own temp dir: an environment no shared zygote was started under
+        env.update(TMPDIR=str(temp), ZERO3_MARKER_DIR=str(markers))
     plugin = ("-p", "held_plugin") if held else ()
     if held:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DATA), env.get("PYTHONPATH")]))
@@ -70,6 +72,8 @@ def _start_hanging_session(tmp_path, temp, held=False):
         ranks = [int(p.name.split("-")[1]) for p in markers.iterdir()]
         forkserver = int((markers / f"rank-{ranks[0]}").read_text())
         descendants = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        if temp is None:  # forked from the shared zygote: not pytest's descendants
+            return proc, set(ranks) | {forkserver}, None
         assert set(ranks) | {forkserver} <= descendants
     except BaseException:
         proc.kill()
@@ -129,6 +133,23 @@ def test_no_rank_forkserver_or_tracker_outlives_sigkill_of_pytest(tmp_path, shor
     live.mkdir()
     assert spawner.remove_leftovers(str(temp)) == [str(temp / left[0])]  # what a session does at its first world
     assert _session_files(temp) == [live.name]
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_pytest_using_a_shared_zygote_takes_its_forkserver_and_ranks_along(tmp_path, warm_forkserver):
+    """A pytest started where a zygote is shared (``spawner.share_zygote``, as these tests do) forks its
+    forkserver from that zygote, another process's child: SIGKILL of that pytest still ends its
+    forkserver and ranks within 10 s (the forkserver watches its requester), and the zygote lives on."""
+    from pytest_zero3 import zygote
+
+    zygote_pid = int(os.environ[zygote.ENV_VAR].split("|")[1])
+    proc, processes, _ = _start_hanging_session(tmp_path, None)
+    ranks = processes - {p for p in processes if psutil.Process(p).ppid() == zygote_pid}
+    assert len(ranks) == 2 and len(processes) == 3, (processes, zygote_pid)  # 2 ranks, their forkserver
+    proc.kill()
+    proc.wait(timeout=10)
+    _wait_for(lambda: not any(map(_running, processes)), 10, "the ranks and their forkserver to exit")
+    assert _running(zygote_pid)
 
 
 def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
