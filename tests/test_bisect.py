@@ -34,7 +34,9 @@ def _commit(repo, message) -> str:
 
 
 def _cli(repo, *args, timeout=900):
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", **GIT_ENV)
+    # this process's environment (git bisect makes no commit): the bisect steps' pytests then fork their
+    # forkservers from the zygote these tests share (spawner.share_zygote)
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
     return subprocess.run(
         [sys.executable, "-m", "pytest_zero3.cli", *args],
         cwd=repo,
@@ -46,7 +48,7 @@ def _cli(repo, *args, timeout=900):
 
 
 @pytest.mark.slow
-def test_bisect_names_the_commit_that_broke_the_contract(tmp_path):
+def test_bisect_names_the_commit_that_broke_the_contract(tmp_path, warm_forkserver):
     """Why: "which commit broke 002-a?" is the fork maintainer's next question after a red gate."""
     repo = tmp_path / "fork"
     copy_installed_deepspeed(str(repo))
