@@ -116,8 +116,15 @@ def _fits(job: Job) -> tuple:
     from pytest_zero3 import impl
 
     # pytest's own variables change between tests and sessions (PYTEST_CURRENT_TEST, PYTEST_VERSION)
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_")))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in DRIFT_ENV))
     return impl.import_path(job.spec), env, frozenset(job.preload)
+
+
+#: Variables that torch and deepspeed set in pytest's own process as a side effect, each to the value
+#: the forkserver and its ranks compute for themselves (inductor's cache dir, the first time anything
+#: asks for it; deepspeed's import, NVML's CUDA check): keying forkservers by them restarted the
+#: forkserver in the middle of a suite run (about 12 s) after a test computed a plain-torch reference.
+DRIFT_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK"})
 
 
 def _swap(srv) -> Any:

@@ -91,9 +91,13 @@ ENV_VAR = "PYTEST_ZERO3_ZYGOTE"
 
 
 def torch_env(environ=None) -> tuple:
-    """The part of the environment a zygote is keyed by: all but pytest's own and :data:`LAZY_ENV`."""
+    """The part of the environment a zygote is keyed by: all but pytest's own, :data:`LAZY_ENV` and
+    :data:`pytest_zero3.spawner.DRIFT_ENV`."""
+    from pytest_zero3.spawner import DRIFT_ENV
+
     environ = os.environ if environ is None else environ
-    return tuple(sorted((k, v) for k, v in environ.items() if not k.startswith("PYTEST_") and k not in LAZY_ENV))
+    skip = LAZY_ENV | DRIFT_ENV
+    return tuple(sorted((k, v) for k, v in environ.items() if not k.startswith("PYTEST_") and k not in skip))
 
 
 def tag(env: tuple) -> str:

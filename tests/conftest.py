@@ -32,9 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # would make every later world's environment differ and restart the warm forkserver.
 if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(ROOT):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-# Importing deepspeed sets this (its __init__, setdefault): set here first, so that the environment the
-# warm forkservers are keyed by (spawner._fits) is the same before and after a test imports deepspeed.
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 BAD = ROOT / "tests" / "bad_coordinators"
 _INSTALLED_DEEPSPEED = str(getattr(importlib.util.find_spec("deepspeed"), "origin", None))
 

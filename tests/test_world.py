@@ -326,3 +326,22 @@ def test_which_tries_count_as_a_world_that_did_not_form():
     assert not not_formed(outs("died", "stopped"), joined={1})  # died before joining: in its own set-up
     assert not not_formed(outs("raised", "unformed"), joined={1})  # a set-up error (importing the impl) fails
     assert not not_formed(outs("stopped", "stopped"), joined={0, 1})
+
+
+@pytest.mark.parametrize("name", ["TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK"])
+def test_variables_torch_sets_in_pytests_process_keep_the_forkserver(monkeypatch, name):
+    """Why: computing a plain-torch reference in pytest's process makes inductor set its cache dir (and
+    importing deepspeed sets NVML's check); a forkserver keyed by them was restarted mid-suite, about
+    12 s each time.  The forkserver and its ranks compute the same values themselves."""
+    import sys
+
+    from pytest_zero3 import impl, spawner, zygote
+    from pytest_zero3.job import Job
+
+    monkeypatch.delenv(name, raising=False)
+    job = Job(spec=impl.parse("reference"), sys_path=tuple(sys.path), parent_pid=os.getpid())
+    before, torch_before = spawner._fits(job), zygote.torch_env()
+    monkeypatch.setenv(name, "/tmp/set-by-torch")
+    assert spawner._fits(job) == before and zygote.torch_env() == torch_before
+    monkeypatch.setenv("ZERO3_SOMETHING_THE_USER_SET", "1")  # any other variable still counts
+    assert spawner._fits(job) != before and zygote.torch_env() != torch_before
