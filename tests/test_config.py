@@ -211,7 +211,7 @@ def test_marker_arguments_are_checked_at_collection_naming_the_test(pytester):
 
 
 @pytest.mark.slow
-def test_a_forks_ini_configures_zero3_conformance_and_leaves_bare_pytest_alone(tmp_path):
+def test_a_forks_ini_configures_zero3_conformance_and_leaves_bare_pytest_alone(tmp_path, warm_forkserver):
     """Issue 24's fork: its pyproject.toml sets the implementation, the expectations file, the report
     and one fast contract under [tool.pytest.ini_options]; `zero3-conformance` with no arguments there
     runs the suite with them, a bare `pytest` there runs the fork's own tests only, with no zero3 output."""
@@ -224,7 +224,7 @@ def test_a_forks_ini_configures_zero3_conformance_and_leaves_bare_pytest_alone(t
     )
     (fork / "ci" / "expect.toml").write_text('[expected_failures]\n"000-c" = "listed by the fork"\n')
     (fork / "tests" / "test_own.py").write_text("def test_own():\n    print('OWN TEST RAN')\n")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, DS_ACCELERATOR="cpu")  # as the tests run: its forkserver forks from their zygote
 
     def run(*args):
         proc = subprocess.run(
