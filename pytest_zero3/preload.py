@@ -61,14 +61,20 @@ def _load_torch(job: Job) -> None:
     from pytest_zero3.zygote import TORCH
 
     _stack_on_signal(job)
-    for name in (*BASE, *TORCH):
+    _import_all((*BASE, *TORCH))
+    gc.collect()
+    gc.freeze()
+
+
+def _import_all(names) -> None:
+    """Import ``names`` in order; only a missing one of :data:`BASE` is fatal here (the rank that needs
+    another one reports its ImportError with its own traceback)."""
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError:
             if name in BASE:
                 raise
-    gc.collect()
-    gc.freeze()
 
 
 def _stack_on_signal(job: Job) -> None:
@@ -83,13 +89,7 @@ def load(job: Job) -> None:
     sys.path[:0] = [entry for entry in job.sys_path if entry not in sys.path]
     # The user's preloads first: one that blocks (a stale build lock) shows in the stack at once, and
     # each imports what it needs of torch itself.
-    for name in (*job.preload, *BASE, *DEEPSPEED):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            if name in BASE:
-                raise
-            # else reported by the rank that needs it, with its own traceback
+    _import_all((*job.preload, *BASE, *DEEPSPEED))
     dsops.probe()
     dsops.skip_cpu_shm_comm_op()
     if job.spec.kind in ("reference", "class"):
