@@ -9,7 +9,9 @@ as multiprocessing's forkserver for that deepspeed (:func:`serve`).
 
 Every level dies with the one above it (``PR_SET_PDEATHSIG``): pytest, the zygote, the rank
 forkservers, the ranks.  The zygote is keyed by the environment like any forkserver (torch reads
-some of it at import), less :data:`LAZY_ENV`.
+some of it at import), less :data:`LAZY_ENV`.  A process may also share its zygote with the pytests
+it starts (:func:`share`, :func:`shared`; this repository's tests do): their forkservers are then
+the zygote's children, not theirs, and each watches its requester's pid instead (:func:`_die_with`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _detach(dup) -> int:
 def serve(job, env: dict, listener_fd: int, alive_r: int) -> None:
     """In a child of the zygote: load ``job`` (its deepspeed, preloads, ops) and serve as the forkserver
     its ranks are forked from, until the pytest process that asked for it closes its end of ``alive_r``
-    (multiprocessing's own protocol) or the zygote dies."""
+    (multiprocessing's own protocol) or ends, or the zygote dies."""
     from multiprocessing import forkserver
 
     from pytest_zero3 import preload, rank  # preload: imported by the zygote, which loaded torch with it
