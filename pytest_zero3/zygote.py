@@ -137,6 +137,8 @@ def shared() -> SharedZygote | None:
 
     if not (address and pid.isdigit() and want == tag(torch_env()) and hasattr(os, "pidfd_open")):
         return None
+    if "_forkserver_authkey" in vars(multiprocessing.forkserver.ForkServer()):
+        return None  # a Python whose forkserver authenticates clients: only its starter holds the key
     if not spawner.alive(int(pid)):
         return None
     return SharedZygote(address, int(pid))
