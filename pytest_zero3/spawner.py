@@ -161,21 +161,26 @@ def _activate(entry: _Server) -> None:
     _servers.insert(0, entry)
 
 
-_zygotes: dict = {}  # environment (see _fits) -> (zygote forkserver, its stack file)
+_zygotes: dict = {}  # zygote.torch_env() -> (zygote forkserver, its stack file; "" for a shared one)
 _shared = ""  # what share_zygote() set in the environment
 
 
-def _zygote(env: tuple, job: Job):
-    """The zygote for ``env`` (:mod:`pytest_zero3.zygote`), made if there is none; it starts at its first use."""
+def _zygote(job: Job):
+    """The zygote this process's forkservers fork from (:mod:`pytest_zero3.zygote`), or None where they
+    start directly: the one shared with this process for its environment, else, while :func:`held`,
+    its own (made if there is none; it starts at its first use)."""
     from multiprocessing.forkserver import ForkServer
 
-    if env not in _zygotes:
-        from pytest_zero3 import zygote
+    from pytest_zero3 import zygote
 
+    env = zygote.torch_env()
+    if env not in _zygotes:
         found = zygote.shared()
         if found is not None:
             _zygotes[env] = (found, "")
             return found
+        if not _held:
+            return None
         stack_path = os.path.join(session_dir(os.getpid()), f"zygote-{next(_ids)}.stack")
         # torch only: no fork checkout on its path, which a rank forkserver of another deepspeed inherits
         payload = dataclasses.replace(job, preload=(), sys_path=(), forkserver_stack=stack_path, zygote=True)
@@ -205,20 +210,17 @@ def context(job: Job):
             _stop_one(old)
         while len(_servers) >= MAX_WARM:
             _stop_one(_servers[-1])
-        if not _servers and not _zygotes:
-            remove_leftovers()
-            here = session_dir(os.getpid())
-            shutil.rmtree(here, ignore_errors=True)  # a dead session's, under a pid now reused by this one
-            os.makedirs(here)
+        _fresh_session_dir()
         stack_path = os.path.join(session_dir(os.getpid()), f"forkserver-{next(_ids)}.stack")
         job = dataclasses.replace(job, preload=tuple(sorted(preload)), forkserver_stack=stack_path)
         server: Any
-        from pytest_zero3 import zygote
-
         # the forkservers of a process that keeps them, or of one started where a zygote is shared,
         # fork from a zygote (zygote.py)
-        if _held or zygote.shared() is not None:
-            server = zygote.RankForkServer(_zygote(zygote.torch_env(), job), job, dict(os.environ))
+        parent = _zygote(job)
+        if parent is not None:
+            from pytest_zero3.zygote import RankForkServer
+
+            server = RankForkServer(parent, job, dict(os.environ))
         else:
             # read by the forkserver's preload when it starts (at the next start_all), before any other write
             with open(payload_path(os.getpid()), "wb") as fh:
@@ -232,6 +234,17 @@ def context(job: Job):
 
 
 _ids = itertools.count(1)  # names each forkserver's stack file in the session directory
+
+
+def _fresh_session_dir() -> None:
+    """Before this process's first forkserver or zygote: its session directory, empty (a dead
+    session's under a pid now reused by this one is removed), and other dead sessions' leftovers gone."""
+    if _servers or _zygotes:
+        return
+    remove_leftovers()
+    here = session_dir(os.getpid())
+    shutil.rmtree(here, ignore_errors=True)
+    os.makedirs(here)
 
 
 def start_all(ctx, target, args_list, timeout: float) -> list:
@@ -356,15 +369,10 @@ def share_zygote() -> None:
     from pytest_zero3 import zygote
     from pytest_zero3.impl import Spec
 
-    assert _held, "share_zygote() needs held()"
-    if not _servers and not _zygotes:
-        remove_leftovers()
-        here = session_dir(os.getpid())
-        shutil.rmtree(here, ignore_errors=True)
-        os.makedirs(here)
     global _shared
-    job = Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=os.getpid())
-    zygote.share(_zygote(zygote.torch_env(), job))
+    assert _held, "share_zygote() needs held()"
+    _fresh_session_dir()
+    zygote.share(_zygote(Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=os.getpid())))
     _shared = os.environ[zygote.ENV_VAR]
 
 
