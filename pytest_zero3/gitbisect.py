@@ -23,6 +23,7 @@ exits with the codes ``git bisect run`` reads:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -66,7 +67,7 @@ def step(args) -> int:
         argv = baseline.pytest_command(
             ["--pyargs", "pytest_zero3.conformance", f"--zero3-impl={root}", *args, f"--zero3-report={path}"]
         )
-        proc = subprocess.run(argv, cwd=root, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(argv, cwd=root, env=_bisect_env(), stdin=subprocess.DEVNULL, check=False)
         code = exit_status(proc.returncode, report.read(path))
     print(f"zero3 bisect-step: {commit}: {WORDS[code]} (pytest exit status {proc.returncode})", flush=True)
     return code
@@ -94,10 +95,18 @@ def bisect(args) -> int:
     started = subprocess.run(["git", "bisect", "start", bad, good], cwd=root, capture_output=True, text=True)
     if started.returncode != 0:
         return _usage(f"git bisect start {bad} {good} failed: {(started.stderr or started.stdout).strip()}")
+    saved = tempfile.NamedTemporaryFile("w", prefix="zero3-bisect-env-", suffix=".json", delete=False)
+    with saved:
+        json.dump(dict(os.environ), saved)
     try:
         per_commit = [sys.executable, "-c", _STEP, "bisect-step", *rest]
         proc = subprocess.Popen(
-            ["git", "bisect", "run", *per_commit], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ["git", "bisect", "run", *per_commit],
+            cwd=root,
+            env=dict(os.environ, **{ENV_FILE: saved.name}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         assert proc.stdout is not None
         output = []
@@ -107,6 +116,7 @@ def bisect(args) -> int:
         proc.wait()
     finally:
         subprocess.run(["git", "bisect", "reset"], cwd=root, capture_output=True)
+        os.unlink(saved.name)
     found = _FIRST_BAD.search("".join(output))
     if found is None:
         print(f"zero3 bisect: git bisect named no first bad commit (git bisect run exit status {proc.returncode}).")
@@ -114,6 +124,26 @@ def bisect(args) -> int:
     subject = _git("log", "-1", "--format=%h %s", found.group(1), cwd=root)
     print(f"zero3 bisect: first bad commit: {found.group(1)} ({subject})")
     return 0
+
+
+#: Names the file where ``bisect`` saved its environment for the per-commit runs.
+ENV_FILE = "PYTEST_ZERO3_BISECT_ENV"
+
+
+def _bisect_env() -> dict | None:
+    """The environment ``zero3-conformance bisect`` was started in, for the suite run of one commit:
+    ``git bisect run`` adds its own variables (``GIT_EXEC_PATH``, ``GIT_PREFIX``, git-core first on
+    ``PATH``, ``TEXTDOMAIN``), and each commit should be judged as the user's own pytest would judge it
+    (a forkserver forked from a zygote the user's process shares, which only serves the environment it
+    loaded torch under).  None (git's environment) for a ``git bisect run`` of the user's own."""
+    path = os.environ.get(ENV_FILE)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 #: The per-commit command's start: the working directory (the fork's root) is not on the import path.
