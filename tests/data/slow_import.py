@@ -4,4 +4,4 @@
 import os
 import threading
 
-threading.Event().wait(float(os.environ.get("ZERO3_SLOW_IMPORT_SECONDS", "0")))
+threading.Event().wait(float(os.environ.get("PYTEST_ZERO3_SLOW_IMPORT_SECONDS", "0")))
