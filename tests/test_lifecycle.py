@@ -269,7 +269,10 @@ def test_forkserver_start_up_does_not_count_against_the_scenario_timeout(run_pyt
     """A preload of 8 s (plus deepspeed) under a 4 s scenario timeout: the test passes.  The knob is a
     ``PYTEST_`` variable, which zygotes are not keyed by, so the forkserver forks from the shared one."""
     run = run_pytest(
-        str(DATA / "slow_preload_case.py"), "--zero3-timeout=4", env={"PYTEST_ZERO3_SLOW_IMPORT_SECONDS": "8"}, timeout=300
+        str(DATA / "slow_preload_case.py"),
+        "--zero3-timeout=4",
+        env={"PYTEST_ZERO3_SLOW_IMPORT_SECONDS": "8"},
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout
     assert "1 passed" in run.stdout
