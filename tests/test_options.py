@@ -68,7 +68,7 @@ def test_bad_values_are_usage_errors_naming_the_fix(plain, args, message):
     """
     )
     (plain.path / "bad.toml").write_text('"000-a" = "reason outside the table"\n')
-    result = plain.runpytest_subprocess(*args)
+    result = plain.runpytest(*args)  # in this process: a usage error comes before any world
     assert result.ret == USAGE
     assert message in result.stderr.str()
     assert "collected" not in result.stdout.str()  # reported before collection
