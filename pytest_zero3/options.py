@@ -297,9 +297,10 @@ def add_options(parser: pytest.Parser) -> None:
                 help=opt.help,
             )
         # default=None: unset reads as None (not 0 or False), so the table's default applies.
-        parser.addini(
-            opt.ini, f"{opt.help} (command line: {opt.flag})", type=opt.ini_type if typed else "string", default=None
-        )
+        # A named Literal, not an inline conditional: mypy 2.4 reads a bare string in pytest 9.2's
+        # addini(type=...) as a possible type form (maybe-unrecognized-str-typeform).
+        ini_type: Literal["string", "int", "float", "bool"] = opt.ini_type if typed else "string"
+        parser.addini(opt.ini, f"{opt.help} (command line: {opt.flag})", type=ini_type, default=None)
 
 
 def _argparse_type(opt: Option) -> Callable[[str], Any]:
