@@ -72,7 +72,7 @@ def zero3_world(zero3_world, zero3_profile, request):
     profile = profiles.PROFILES[zero3_profile]
     world = zero3_world
     if profile.min_world_size > getattr(world, "size", profile.min_world_size) and hasattr(world, "resized"):
-        world = world.resized(profile.min_world_size) or world  # nccl short of GPUs: the rank says so
+        world = world.resized(profile.min_world_size) or world  # short of devices: the rank says so
     return ProfileWorld(world, zero3_profile, profiles.config_overlay(settings))
 
 
@@ -91,9 +91,14 @@ class ProfileWorld:
         return self._world.outcomes(profiles.call, self.profile, self._user, fn, args, kwargs)
 
     def _check_device(self):
-        """A GPU-only profile on a CPU world: unsupported before any rank starts (the ranks check too)."""
+        """A GPU-only profile where the ranks will run on the CPU accelerator: unsupported before any
+        rank starts (the ranks check too, where the accelerator is known only there)."""
+        from pytest_zero3 import accel
+
         profile = profiles.PROFILES[self.profile]
-        if profile.gpu_only and getattr(self._world, "backend", "nccl") != "nccl":
+        world = self._world
+        backend, size = getattr(world, "backend", accel.AUTO), getattr(world, "size", 1)
+        if profile.gpu_only and accel.predicted(backend, size) == "cpu":
             from pytest_zero3.scenario import Unsupported
 
             raise Unsupported(f"profile {profile.name}: {profile.gpu_only}")

@@ -5,8 +5,6 @@ before its first scenario (:mod:`pytest_zero3.launcher`), so neither compiles an
 scenario's timeout.
 """
 
-import os
-
 
 def probe() -> None:
     """DeepSpeed probes which ops could build (running a C compiler) on first use: do it once, here."""
@@ -26,13 +24,14 @@ def skip_cpu_shm_comm_op() -> None:
     and would fill the machine's memory.  The op only speeds up CPU all-reduce; ZeRO-3's parameter
     coordination does not depend on it, so the ranks use plain gloo collectives instead.
     """
-    if os.environ.get("DS_ACCELERATOR") != "cpu":
-        return
     try:
         import deepspeed.ops
-        from deepspeed.accelerator import get_accelerator
 
-        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        from pytest_zero3 import accel
+
+        if accel.name() != "cpu":  # DS_ACCELERATOR, or DeepSpeed's detection where it is unset
+            return
+        builder = accel.get().create_op_builder("ShareMemCommBuilder")
         if builder is not None:
             deepspeed.ops.__compatible_ops__[builder.NAME] = False
     except Exception:

@@ -233,13 +233,17 @@ def apply(spec: Spec) -> None:
 
 
 def identity() -> dict:
-    """What this process actually runs: deepspeed version and path, coordinator class, torch."""
+    """What this process actually runs: deepspeed version and path, coordinator class, torch, the
+    backend and DeepSpeed's accelerator."""
     import torch
     import torch.distributed as dist
+
+    from pytest_zero3 import accel
 
     info = {"torch": str(torch.__version__)}
     if dist.is_available() and dist.is_initialized():
         info["backend"] = str(dist.get_backend())
+    info.update(accel.describe())
     try:
         import deepspeed
         from deepspeed.runtime.zero import parameter_offload

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_zero3 import dsops
+from pytest_zero3 import accel, dsops
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.outcome import HUNG, UNFORMED, GroupNotFormed, RankOutcome
 from pytest_zero3.world import FORM_ATTEMPTS, BaseWorld, WorldNotFormed, not_formed_text
@@ -116,7 +116,6 @@ class LauncherWorld(BaseWorld):
     def _base_store(self):
         """The launcher's key-value store, reached once through an ``env://`` rendezvous (and kept)."""
         global _store
-        import torch
         import torch.distributed as dist
 
         from pytest_zero3 import impl
@@ -126,9 +125,9 @@ class LauncherWorld(BaseWorld):
             dsops.skip_cpu_shm_comm_op()
             impl.apply(self.spec)
             LauncherWorld._applied = True
+        self.backend = accel.backend(self.backend)
         if _store is None:
-            if self.backend == "nccl":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            accel.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             if dist.is_initialized():  # the user's code joined the world already: use its store
                 _store = dist.distributed_c10d._get_default_store()
             else:  # only the store: every scenario builds its own process group on it

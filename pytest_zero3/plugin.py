@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import pytest
 
-from pytest_zero3 import launcher, markers, options, spawner
+from pytest_zero3 import accel, launcher, markers, options, spawner
 
 if TYPE_CHECKING:
     from pytest_zero3.report import Report
@@ -87,7 +87,7 @@ class Zero3Session:
             )
         if settings.spec.kind == "class":
             # Checked before any world starts; importing the user's module may import deepspeed.
-            self.start(options.resolve_backend(settings, settings.world_size), settings)
+            self.start(settings.world_size, settings)
             try:
                 impl.load_class(settings.spec)
             except impl.SpecError as exc:
@@ -102,14 +102,18 @@ class Zero3Session:
         self.settings = settings
         return settings
 
-    def start(self, backend: str, settings: options.Settings) -> None:
-        """First use: what the ranks need from this process; each change is undone by :meth:`stop`."""
+    def start(self, size: int, settings: options.Settings) -> None:
+        """First use (a world of ``size`` ranks): what the ranks need from this process; each change is
+        undone by :meth:`stop`.  ``DS_ACCELERATOR`` is set only where the user left it unset and the
+        backend implies an accelerator (:func:`pytest_zero3.accel.chosen`)."""
         if self._started:
             return
         self._started = True
         from pytest_zero3 import impl
 
-        self._setdefault_env("DS_ACCELERATOR", options.accelerator(backend))
+        accelerator = accel.chosen(settings.backend, size)
+        if accelerator is not None:
+            self._setdefault_env(accel.ENV, accelerator)
         self._setdefault_env("TORCH_EXTENSIONS_DIR", impl.extensions_dir(settings.spec))
         path = impl.import_path(settings.spec)
         if path and sys.path[:1] != [path]:
@@ -145,8 +149,8 @@ class Zero3Session:
         settings = self.activate()
         size = markers.world_size(request.node, settings.world_size)
         timeout = markers.timeout(request.node, settings.timeout)
-        backend = options.resolve_backend(settings, size)
-        self.start(backend, settings)
+        backend = settings.backend  # "auto": each rank asks its accelerator (accel.backend)
+        self.start(size, settings)
         from pytest_zero3 import report
 
         record = report.recorder(request.node)

@@ -24,7 +24,7 @@ import signal
 import sys
 import traceback
 
-from pytest_zero3 import spawner
+from pytest_zero3 import accel, spawner
 from pytest_zero3.job import Attempt
 from pytest_zero3.outcome import (
     HUNG,
@@ -82,6 +82,7 @@ def _run_scenario(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
 
         impl.apply(attempt.job.spec)
         fn, args, kwargs = pickle.loads(attempt.call)
+        accel.place(rank, attempt.world_size)  # one node: the local rank is the rank
     except BaseException as exc:  # set-up failures are this rank's result too (not retried: they repeat)
         return ending(rank, exc)
     _touch(files["joining"])
@@ -169,14 +170,13 @@ def _one_thread_unless_chosen() -> None:
 def _join_world(attempt: Attempt, rank: int) -> None:
     """Form the process group, then wait until every rank formed it: no rank starts the scenario
     while a peer may still fail to join (that would make a scenario failure of a world that never formed)."""
-    import torch
     import torch.distributed as dist
 
-    if attempt.backend == "nccl":
-        torch.cuda.set_device(rank)
     timeout = datetime.timedelta(seconds=attempt.timeout)
     store = dist.FileStore(os.path.join(attempt.run_dir, "store"), attempt.world_size)
-    dist.init_process_group(attempt.backend, store=store, rank=rank, world_size=attempt.world_size, timeout=timeout)
+    dist.init_process_group(
+        accel.backend(attempt.backend), store=store, rank=rank, world_size=attempt.world_size, timeout=timeout
+    )
     store.set(f"pytest-zero3/formed/{rank}", "1")
     store.wait([f"pytest-zero3/formed/{r}" for r in range(attempt.world_size)], timeout)
 

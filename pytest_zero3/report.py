@@ -42,7 +42,7 @@ import warnings
 
 import pytest
 
-from pytest_zero3 import baseline, expectations, impl, markers, registry
+from pytest_zero3 import accel, baseline, expectations, impl, markers, registry
 from pytest_zero3.outcome import SEVERITY, Outcome, first_failure
 
 SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 4
@@ -107,7 +107,8 @@ class Report:
         lines = [
             f"zero3: impl={info['spec']} ({info['impl']})",
             f"zero3: deepspeed {info.get('deepspeed')} from {info.get('deepspeed_path', '?')}, torch {info['torch']}",
-            f"zero3: backend={settings.backend}, world size={settings.world_size}, timeout={settings.timeout:g}s",
+            f"zero3: backend={settings.backend}, world size={self.world_size()}, timeout={settings.timeout:g}s",
+            accel.header(settings.backend, self.world_size()),
         ]
         if settings.spec.kind == "class":
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
@@ -119,6 +120,13 @@ class Report:
             lines.append("zero3: " + profiles.report_header(settings))
         lines += [f"zero3: warning: {w}" for w in [impl.base_warning(settings.spec)] if w]
         return lines
+
+    def world_size(self) -> int:
+        """The size of the world that runs: torchrun's (``WORLD_SIZE``) in launcher mode, where the
+        option's value is not used, else the option's."""
+        from pytest_zero3 import launcher
+
+        return int(os.environ["WORLD_SIZE"]) if launcher.active() else self.settings.world_size
 
     def use_baseline(self, doc: dict) -> None:
         """Take the baseline's results: each contract failing there is expected to fail here (an entry
@@ -282,7 +290,7 @@ class Report:
 
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
-        info.update(backend=self.settings.backend, world_size=self.settings.world_size)
+        info.update(backend=self.settings.backend, world_size=self.world_size())
         from pytest_zero3.fixtures import profiles
 
         info.update(profiles.report_implementation(self.settings))
@@ -305,7 +313,7 @@ class Report:
         tr.write_line(f"deepspeed {info.get('deepspeed')} from {info.get('deepspeed_path')}")
         tr.write_line(
             f"coordinator: {info.get('coordinator', '?')}; torch {info.get('torch')}; "
-            f"backend {info['backend']}; world size {info['world_size']}"
+            f"accelerator {info.get('accelerator', '?')}; backend {info['backend']}; world size {info['world_size']}"
         )
         warning = impl.base_warning(self.settings.spec)
         if warning:
@@ -516,7 +524,8 @@ def markdown(doc: dict) -> str:
         "",
         f"Implementation `{info['spec']}` ({info['impl']}); deepspeed {info.get('deepspeed')} "
         f"from `{info.get('deepspeed_path')}`; coordinator `{info.get('coordinator', '?')}`; "
-        f"torch {info.get('torch')}; {info['backend']}, {info['world_size']} ranks.",
+        f"torch {info.get('torch')}; {info.get('accelerator', '?')} accelerator, {info['backend']}, "
+        f"{info['world_size']} ranks.",
         "",
     ]
     if theirs:

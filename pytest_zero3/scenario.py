@@ -15,7 +15,6 @@ initialised before they start); this module adds the few things every scenario n
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from _pytest.outcomes import Skipped  # pytest.skip.Exception, named so type checkers see the class
@@ -49,13 +48,16 @@ def world_size() -> int:
 
 
 def device():
-    """The torch device of this rank: ``cuda:<local rank>`` under NCCL, else ``cpu`` (also outside a world)."""
+    """The torch device of this rank: its accelerator's device for its local rank, where DeepSpeed puts
+    the model (``cpu`` on the CPU accelerator, and outside a world)."""
     import torch
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    if not dist.is_initialized():
+        return torch.device("cpu")
+    from pytest_zero3 import accel
+
+    return accel.device()
 
 
 def unsupported(reason: str) -> None:

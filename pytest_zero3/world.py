@@ -26,7 +26,7 @@ from typing import Any, Callable
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
 
-from pytest_zero3 import impl, options, spawner
+from pytest_zero3 import accel, impl, spawner
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.job import Attempt, Job
 from pytest_zero3.outcome import (
@@ -120,8 +120,8 @@ class World(BaseWorld):
 
     def resized(self, size: int) -> World | None:
         """This world with ``size`` ranks (ranks are forked per run, so any size costs the same), or
-        None where ``size`` ranks cannot run here: more ranks than GPUs on nccl."""
-        if self.backend == "nccl" and options.gpu_count() < size:
+        None where ``size`` ranks cannot run here: more ranks than devices (accel.fits)."""
+        if not accel.fits(self.backend, size):
             return None
         other = copy.copy(self)
         other.size = size

@@ -114,7 +114,7 @@ def test_an_ini_impl_is_resolved_against_the_ini_files_directory(value, expected
         ("world_size", "two", "give a whole number of ranks, not 'two'"),
         ("select", ",", "no empty entry"),
         ("select", "000,,001", "no empty entry"),
-        ("backend", "mpi", "choose one of auto, gloo, nccl"),
+        ("backend", "NCCL", "or a torch.distributed backend's name such as gloo, nccl"),
         ("strict", "maybe", "give true or false"),
         ("shrink", "-1", "give at least 0 worlds"),
         ("impl", " ", "give a value"),
