@@ -92,16 +92,16 @@ def check(backend: str, size: int) -> None:
     if value is not None and not value.strip():
         raise ValueError(f"{ENV} is set but empty: unset it (DeepSpeed detects the accelerator) or name one, e.g. cpu")
     if backend == "nccl":
-        if value not in (None, "cuda"):
-            raise ValueError(
-                f"--zero3-backend=nccl runs on CUDA devices, but {ENV}={value}: use --zero3-backend=auto "
-                f"(the backend of the {value} accelerator) or unset {ENV}"
-            )
         gpus = cuda_devices()
         if gpus < size:
             raise ValueError(
                 f"--zero3-backend=nccl needs {size} GPUs for --zero3-world-size={size}, "
                 f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
+            )
+        if value not in (None, "cuda"):
+            raise ValueError(
+                f"--zero3-backend=nccl runs on CUDA devices, but {ENV}={value}: use --zero3-backend=auto "
+                f"(the backend of the {value} accelerator) or unset {ENV}"
             )
 
 

@@ -93,6 +93,7 @@ def test_ds_accelerator_is_set_only_where_unset_and_implied(monkeypatch, env, ba
 
 
 def test_nccl_under_another_accelerator_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(accel, "cuda_devices", lambda: 8)
     monkeypatch.setenv("DS_ACCELERATOR", "hpu")
     with pytest.raises(ValueError, match="--zero3-backend=nccl runs on CUDA devices, but DS_ACCELERATOR=hpu"):
         accel.check("nccl", 2)
