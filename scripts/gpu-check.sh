@@ -6,10 +6,12 @@
 # 1. Installs the CUDA build of the pinned torch (the version scripts/install.sh pins), unless the
 #    installed torch already sees CUDA; then deepspeed and this package as scripts/install.sh does.
 #    TORCH_CUDA_INDEX=URL picks the wheel index; by default the newest CUDA index that has the version.
-# 2. Runs the conformance suite with --zero3-backend=nccl at world size = GPU count (one GPU: world
-#    size 1, where the contracts that need two ranks report "unsupported"), against the reference and
-#    against the installed deepspeed with its expectations file; JSON and Markdown reports go to
-#    reports/gpu-{reference,installed}.{json,md}.
+# 2. Runs the conformance suite with DS_ACCELERATOR=cuda and --zero3-backend=auto (the backend of
+#    DeepSpeed's CUDA accelerator, through pytest_zero3/accel.py) at world size = GPU count (one GPU:
+#    world size 1, where the contracts that need two ranks report "unsupported"), against the
+#    reference and against the installed deepspeed with its expectations file; JSON and Markdown
+#    reports go to reports/gpu-{reference,installed}.{json,md}.  The reference's report must say that
+#    the ranks ran on the cuda accelerator with nccl (else the adapter did not reach the device).
 # 3. Exercises the CUDA-event timing path of the adaptive prefetch controller: contract 003-g (every
 #    all-gather delayed on the device) must pass on the reference and flag a controller that times
 #    waits with host timers (tests/test_flags_003g.py; needs 2 GPUs).
@@ -52,10 +54,18 @@ PY
 
 export DS_ACCELERATOR=cuda
 mkdir -p reports
-common=(--pyargs pytest_zero3.conformance --zero3-backend=nccl "--zero3-world-size=$gpus" -p no:cacheprovider)
+common=(--pyargs pytest_zero3.conformance --zero3-backend=auto "--zero3-world-size=$gpus" -p no:cacheprovider)
 python -m pytest "${common[@]}" --zero3-impl=reference \
     --zero3-report=reports/gpu-reference.json --zero3-report-md=reports/gpu-reference.md "$@"
 reference=$?
+# auto went through DeepSpeed's accelerator: the ranks say what they ran on
+python - <<'PY' || reference=1
+import json
+info = json.load(open("reports/gpu-reference.json"))["implementation"]
+ran = (info.get("accelerator"), info.get("backend"))
+assert ran == ("cuda", "nccl"), f"gpu-check: the ranks ran on {ran}, not (cuda, nccl): see pytest_zero3/accel.py"
+print(f"gpu-check: ranks ran on the {ran[0]} accelerator with {ran[1]}, {info.get('device_count')} device(s) on the node")
+PY
 expect="conformance/expectations/deepspeed-$deepspeed_version.toml"
 python -m pytest "${common[@]}" --zero3-impl=installed --zero3-expect="$expect" \
     --zero3-report=reports/gpu-installed.json --zero3-report-md=reports/gpu-installed.md "$@"
