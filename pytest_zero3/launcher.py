@@ -104,7 +104,7 @@ class LauncherWorld(BaseWorld):
         finally:
             stack_watch.cancel()
         if r == 0:
-            mine.identity = _identity()
+            mine.identity = {"backend": self.backend, **_identity()}  # the group's, where one formed
         mine = post(mine)  # or what the stack watch posted already: every rank sees the same verdict
         deadline = max(start + self.timeout, time.monotonic()) + EXCHANGE_GRACE
         outcomes = gather(store, f"{KEY_PREFIX}/{key}", mine, self.size, deadline, self.timeout)
@@ -132,6 +132,7 @@ class LauncherWorld(BaseWorld):
                 _store = dist.distributed_c10d._get_default_store()
             else:  # only the store: every scenario builds its own process group on it
                 _store, _, _ = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=self.timeout)))
+            _store.set(f"{PRESENT_PREFIX}/{rank()}", "1")
         return _store
 
 
@@ -168,6 +169,7 @@ def _form_group(key: str, backend: str, timeout: float, store) -> None:
         _forget_deepspeed_groups()
         prefix = f"{GROUP_PREFIX}/{key}/try{attempt}"
         deadline = time.monotonic() + timeout
+        _await_arrivals(store, prefix, me, size, deadline, timeout)
         try:
             dist.init_process_group(
                 backend, store=dist.PrefixStore(prefix, store), rank=me, world_size=size, timeout=wait
@@ -196,6 +198,52 @@ def _form_group(key: str, backend: str, timeout: float, store) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     raise GroupNotFormed(f"this scenario's process group did not form in {FORM_ATTEMPTS} tries: {why}")
+
+
+def _await_arrivals(store, prefix: str, me: int, size: int, deadline: float, timeout: float) -> None:
+    """Say this rank arrived at the try ``prefix`` and wait, until ``deadline``, for every rank to arrive,
+    in slices of a second (the watchdog's and the launcher's signals act between them), before the join.
+
+    A rank that never arrives fails the scenario's join within its timeout: a world error when it never
+    joined any world in this session (its node never came, or its pytest never reached a world: no
+    verdict), else this scenario's failure (it skipped the scenario)."""
+    store.set(f"{prefix}/arrived/{me}", "1")
+    keys = [f"{prefix}/arrived/{r}" for r in range(size)]
+    while not store.check(keys):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missing = [r for r in range(size) if not store.check([keys[r]])]
+            absent = [r for r in missing if r in never_joined(store, size)]
+            if absent and absent == missing:
+                raise GroupNotFormed(
+                    f"{_ranks_text(absent)} never joined a world in this session (their pytest did not reach "
+                    f"one within {timeout:g} s: see their node's output), so this scenario could not run"
+                )
+            raise RuntimeError(
+                f"rank {me} could not join this scenario's process group within {timeout:g} s: another rank "
+                f"did not arrive ({_ranks_text(missing)} did not)"
+            )
+        with contextlib.suppress(RuntimeError):  # DistStoreError: this slice ended without them
+            store.wait(keys, datetime.timedelta(seconds=min(1.0, left)))
+
+
+#: Store key prefix under which each rank says it reached the launcher's store (its first world).
+PRESENT_PREFIX = "pytest-zero3/present"
+
+
+def never_joined(store, size: int) -> list[int]:
+    """The ranks that never reached a world in this session (they never posted their presence)."""
+    return [r for r in range(size) if not store.check([f"{PRESENT_PREFIX}/{r}"])]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``ranks 2, 3 (node 1)``: the ranks, and their nodes where torchrun's nodes are of equal size."""
+    text = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+    if 0 < local < int(os.environ.get("WORLD_SIZE", "0")):
+        nodes = sorted({r // local for r in ranks})
+        text += f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))})"
+    return text
 
 
 def _forget_deepspeed_groups() -> None:
@@ -263,13 +311,18 @@ def gather(store, key: str, mine: RankOutcome, size: int, deadline: float, timeo
         missing = [f"{key}/{r}" for r in range(size) if r not in got]
         with contextlib.suppress(RuntimeError):  # DistStoreError: this slice ended without them
             store.wait(missing, datetime.timedelta(seconds=min(1.0, left)))
+    absent = set(never_joined(store, size)) if len(got) < size else set()
     return [
         got.get(r)
-        or RankOutcome(
-            r,
-            HUNG,
-            message=f"did not report an outcome within the {timeout:g} s timeout (its scenario never ended "
-            "or never started there; raise the timeout with --zero3-timeout if it is only slow)",
+        or (
+            RankOutcome(r, UNFORMED, message="never joined a world in this session (its pytest did not reach one)")
+            if r in absent
+            else RankOutcome(
+                r,
+                HUNG,
+                message=f"did not report an outcome within the {timeout:g} s timeout (its scenario never ended "
+                "or never started there; raise the timeout with --zero3-timeout if it is only slow)",
+            )
         )
         for r in range(size)
     ]
@@ -366,6 +419,7 @@ class SessionEnd:
 
     def __init__(self):
         self.statuses: dict = {}
+        self.absent: list[int] = []
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session, exitstatus):
@@ -374,11 +428,18 @@ class SessionEnd:
         _store.set(f"{SESSION_PREFIX}/status/{rank()}", str(int(exitstatus)))
         if rank() == 0:
             size = int(os.environ["WORLD_SIZE"])
-            keys = {r: f"{SESSION_PREFIX}/status/{r}" for r in range(1, size)}
+            # a rank that never reached a world by now took part in none of rank 0's: not waited for
+            self.absent = never_joined(_store, size)
+            keys = {r: f"{SESSION_PREFIX}/status/{r}" for r in range(1, size) if r not in self.absent}
             _wait_for(list(keys.values()), SESSION_WAIT)
             self.statuses = {r: _get(key) for r, key in keys.items()}
 
     def pytest_terminal_summary(self, terminalreporter):
+        if self.absent:
+            terminalreporter.write_line(
+                f"zero3: {_ranks_text(self.absent)} never joined a world in this session; see their own output",
+                red=True,
+            )
         for r, status in sorted(self.statuses.items()):
             if status is None:
                 terminalreporter.write_line(

@@ -67,7 +67,7 @@ def _run(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
         try:
             from pytest_zero3 import impl
 
-            outcome.identity = impl.identity()
+            outcome.identity = {"backend": accel.backend(attempt.backend), **impl.identity()}
         except Exception:
             pass
     return outcome

@@ -1,7 +1,8 @@
 """Run by tests/test_nodes.py as two ``torchrun --nnodes 2 --node_rank i --nproc_per_node 2`` launches
-(c10d rendezvous, one host): the contracts run on the 4-rank world both launches form, the hpz profile
-keeps one node's ranks as its secondary partition, and a bug on rank 3 (the other node's second rank)
-fails both launches, named by rank."""
+(c10d rendezvous, one host): a scenario that node 1's pytest never reaches is a world error naming its
+ranks, the contracts run on the 4-rank world both launches form, the hpz profile keeps one node's
+ranks as its secondary partition, and a bug on rank 3 (the other node's second rank) fails both
+launches, named by rank."""
 
 import os
 
@@ -9,6 +10,28 @@ import pytest
 from pytest_zero3.fixtures import profiles
 
 from pytest_zero3 import scenario
+
+
+@pytest.mark.zero3_contract("996-0", "a node whose pytest never reaches the world")
+@pytest.mark.zero3_timeout(5)
+def test_a_node_that_never_joins_is_a_world_error(zero3_world):
+    """First in the file: node 1's ranks (2 and 3) have reached no world yet, and skip this one; they go
+    on only once node 0's ranks are done with it (else they would reach the next world meanwhile)."""
+    key = "torchrun_nodes_case/996-0/done"
+    if int(os.environ["RANK"]) >= 2:
+        import datetime
+
+        import torch.distributed as dist
+
+        store, _, _ = next(dist.rendezvous("env://"))  # the launcher's store, as the plugin reaches it
+        store.wait([key], datetime.timedelta(seconds=120))
+        return
+    try:
+        zero3_world.run(where)
+    finally:
+        from pytest_zero3 import launcher
+
+        launcher._store.set(key, "1")
 
 
 def where():
