@@ -16,6 +16,6 @@ python -m venv "$venv"
     echo "# The lock: every package CI and the main job install, at the versions CI last passed with."
     echo "# Made by scripts/lock.sh (fresh venv, Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())')); used as pip constraints"
     echo "# (-c) by scripts/install.sh and tox. torch and deepspeed are pinned where they are installed."
-    "$venv/bin/python" -m pip freeze --exclude-editable | grep -viE '^(torch|deepspeed|pytest-zero3)=='
+    "$venv/bin/python" -m pip freeze --all --exclude-editable | grep -viE "^(pip|torch|deepspeed|pytest-zero3)=="
 } > constraints.txt
 echo "constraints.txt: $(grep -vc '^#' constraints.txt) packages"
