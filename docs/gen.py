@@ -10,7 +10,8 @@ A page asks for a part with a line ``<!-- gen:NAME -->``; :func:`fill` replaces 
 * ``proofs``: the proof table, from ``tests/flags.py``;
 * ``options``: the option table, from ``pytest_zero3.options.OPTIONS``;
 * ``expectations``: the known failures of each release, from ``conformance/expectations/*.toml``;
-* ``bugs``: where the expectations files list each new DeepSpeed bug the suite found.
+* ``bugs``: where the expectations files list each new DeepSpeed bug the suite found;
+* ``fork-ci``: the fork CI workflow, ``examples/fork-ci.yml``.
 
 Nothing here imports torch or deepspeed: the sources are read as text, TOML and Python syntax trees.
 """
@@ -267,6 +268,11 @@ def bugs_page() -> str:
     return "\n".join(lines)
 
 
+def fork_ci() -> str:
+    """``examples/fork-ci.yml`` as it is, so the guide shows the workflow a fork copies."""
+    return "```yaml\n" + (ROOT / "examples" / "fork-ci.yml").read_text().rstrip("\n") + "\n```"
+
+
 PARTS = {
     "contracts": contracts_page,
     "registry": registry_table,
@@ -274,6 +280,7 @@ PARTS = {
     "options": options_table,
     "expectations": expectations_page,
     "bugs": bugs_page,
+    "fork-ci": fork_ci,
 }
 
 
