@@ -31,8 +31,8 @@ from pytest_zero3 import protocol
 #: Oldest deepspeed the plugin runs on at all: the harness reads DeepSpeed's ZeRO-3 internals as they
 #: are from 0.14.0 on, and it is not built for older ones.
 MIN_DEEPSPEED = "0.14.0"
-#: Releases the release matrix runs the whole suite against (scripts/release-matrix.sh RELEASES; README
-#: "Across DeepSpeed releases").  An older base runs, with an "untested base" warning.
+#: Releases the release matrix runs the whole suite against (scripts/release-matrix.sh RELEASES; the
+#: manual's docs/results/release-matrix.md).  An older base runs, with an "untested base" warning.
 MATRIX_RELEASES = ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.2", "0.19.3", "0.19.8")
 #: Oldest deepspeed the reference (and a ``module:Class`` spec, which runs inside it) works with: it
 #: wraps ``DeepSpeedZeRoOffload.release_backward_leftovers``, which DeepSpeed added in 0.19.3 with the
