@@ -38,8 +38,9 @@ def judge(engine, every: int = 1, check: bool = True, config=None):
 
     ``with pytest_zero3.judge(engine, every=10) as j: <train>``; see :func:`pytest_zero3.judging.judge`
     (its exception on a broken rule: :class:`pytest_zero3.judging.RuleViolations`, an ``AssertionError``).
-    Imported here lazily: importing ``pytest_zero3`` imports neither torch nor deepspeed.
     """
+    # lazy: this package's __init__ runs in every process that imports any of its modules (pytest, the
+    # forkservers, the ranks), so it imports none of them
     from pytest_zero3 import judging
 
     return judging.judge(engine, every=every, check=check, config=config)
