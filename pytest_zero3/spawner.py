@@ -164,9 +164,9 @@ def context(job: Job):
         # fork from a zygote (zygote.py)
         parent = _zygote(job)
         if parent is not None:
-            from pytest_zero3.zygote import RankForkServer  # lazy: its import adds an atexit hook (module docstring)
+            from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
-            server = RankForkServer(parent, job, dict(os.environ))
+            server = zygote.RankForkServer(parent, job, dict(os.environ))
         else:
             # read by the forkserver's preload when it starts (at the next start_all), before any other write
             with open(payload_path(os.getpid()), "wb") as fh:

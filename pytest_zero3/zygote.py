@@ -12,6 +12,9 @@ forkservers, the ranks.  The zygote is keyed by the environment like any forkser
 some of it at import), less :data:`LAZY_ENV`.  A process may also share its zygote with the pytests
 it starts (:func:`share`, :func:`shared`; this repository's tests do): their forkservers are then
 the zygote's children, not theirs, and each watches its requester's pid instead (:func:`_die_with`).
+
+The forkserver classes live here with what :mod:`pytest_zero3.spawner` needs of them to pick one:
+:func:`swap` (which forkserver multiprocessing starts processes from) and :data:`DRIFT_ENV`.
 """
 
 from __future__ import annotations
