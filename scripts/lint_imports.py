@@ -12,10 +12,7 @@ import os
 import sys
 import tempfile
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - tomli is a dependency there
-    import tomli as tomllib
+import tomllib  # import-linter 2.17 needs Python 3.11 too
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "pyproject.toml")
