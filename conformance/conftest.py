@@ -12,6 +12,7 @@ import pytest
 from pytest_zero3.fixtures import profiles
 
 from pytest_zero3 import options
+from pytest_zero3.scenario import Unsupported
 
 #: Added to a bf16-offload test: the forkserver imports it, building DeepSpeedCPUAdam there once (under
 #: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.
@@ -94,8 +95,6 @@ class ProfileWorld:
         """A GPU-only profile on a CPU world: unsupported before any rank starts (the ranks check too)."""
         profile = profiles.PROFILES[self.profile]
         if profile.gpu_only and getattr(self._world, "backend", "nccl") != "nccl":
-            from pytest_zero3.scenario import Unsupported
-
             raise Unsupported(f"profile {profile.name}: {profile.gpu_only}")
 
     def resized(self, size):

@@ -220,16 +220,16 @@ def load_class(spec: Spec):
 def apply(spec: Spec) -> None:
     """Install the implementation in this process.  Called in every rank before the scenario runs."""
     if spec.kind == "reference":
-        from pytest_zero3 import reference_impl  # type: ignore[attr-defined]  # mapped in: see __init__
+        from pytest_zero3.reference_impl import install  # lazy: imports deepspeed
 
-        reference_impl.install()
+        install()
     elif spec.kind == "class":
         # The class replaces the name parameter_offload constructs (it imported the class by name, so
         # patching the defining module would have no effect), with the reference's fixes around the
         # coordinator, so the contracts judge the class and not DeepSpeed's leaks elsewhere.
-        from pytest_zero3 import reference_impl  # type: ignore[attr-defined]  # mapped in: see __init__
+        from pytest_zero3.reference_impl import install  # lazy: imports deepspeed
 
-        reference_impl.install(coordinator=load_class(spec))
+        install(coordinator=load_class(spec))
 
 
 def identity() -> dict:

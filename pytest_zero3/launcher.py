@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_zero3 import dsops
+from pytest_zero3 import dsops, impl
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.outcome import HUNG, UNFORMED, GroupNotFormed, RankOutcome
 from pytest_zero3.world import FORM_ATTEMPTS, BaseWorld, WorldNotFormed, not_formed_text
@@ -118,8 +118,6 @@ class LauncherWorld(BaseWorld):
         global _store
         import torch
         import torch.distributed as dist
-
-        from pytest_zero3 import impl
 
         if not LauncherWorld._applied:
             dsops.probe()  # as the forkserver does: nothing is compiled inside a scenario's timeout
@@ -316,8 +314,6 @@ def _current_test() -> str:
 
 def _identity() -> dict:
     try:
-        from pytest_zero3 import impl
-
         return impl.identity()
     except Exception:
         return {}

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Literal, cast
-
-if TYPE_CHECKING:
-    from pytest_zero3.plugin import Zero3Session
+from typing import Any, Callable, Literal, Protocol, cast
 
 import pytest
 
-from pytest_zero3 import impl, spawner
+from pytest_zero3 import impl, registry, spawner, world
 
 DEFAULT_TIMEOUT = 180.0
 DEFAULT_STARTUP_TIMEOUT = spawner.DEFAULT_STARTUP_TIMEOUT
@@ -97,13 +93,13 @@ def _prefixes(value: Any) -> tuple[str, ...]:
 
 def _replay(value: Any) -> tuple:
     """The examples of ``--zero3-replay``, checked before any world starts (imports the rule library)."""
-    from pytest_zero3.fixtures import rule_batch
+    from pytest_zero3.fixtures import rule_batch  # lazy: the suite's package, loaded by a session that uses it
 
     return rule_batch.load_replay(str(value))
 
 
 def _profiles(value: Any) -> tuple[str, ...]:
-    from pytest_zero3.fixtures import profiles
+    from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
     return profiles.parse_names(str(value))
 
@@ -383,7 +379,7 @@ def settings_from(config: pytest.Config) -> Settings:
     baseline = _spec("baseline", text, where["baseline"]) if text is not None else None
     settings = Settings(spec, baseline=baseline, **values)
     if settings.backend == "nccl":
-        gpus = gpu_count()
+        gpus = world.gpu_count()
         if gpus < settings.world_size:
             size = settings.world_size
             raise pytest.UsageError(
@@ -391,7 +387,7 @@ def settings_from(config: pytest.Config) -> Settings:
                 f"found {gpus}. Use --zero3-backend=gloo (CPU) or a smaller world size."
             )
     if settings.config:
-        from pytest_zero3.fixtures import profiles
+        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
         try:
             profiles.load_config_file(settings.config)
@@ -411,9 +407,16 @@ def _spec(name: str, text: str, where: str) -> impl.Spec:
     return spec
 
 
+class _Session(Protocol):
+    """What :func:`settings` needs of the plugin's session object (:class:`pytest_zero3.plugin.Zero3Session`,
+    registered under that name), which sits above this module."""
+
+    def activate(self) -> Settings: ...
+
+
 def settings(config: pytest.Config) -> Settings:
     """The session's validated settings (activating the session if needed): read options only here."""
-    session = cast("Zero3Session", config.pluginmanager.get_plugin("zero3-session"))
+    session = cast(_Session, config.pluginmanager.get_plugin("zero3-session"))
     return session.activate()
 
 
@@ -435,8 +438,6 @@ def names_suite(args) -> bool:
         return True
     if "--pyargs" in args and any(a.split("::")[0].startswith("pytest_zero3.conformance") for a in args):
         return True
-    from pytest_zero3 import registry
-
     suite = os.path.dirname(os.path.realpath(registry.path()))
     for a in args:
         if a.startswith("-"):
@@ -447,19 +448,11 @@ def names_suite(args) -> bool:
     return False
 
 
-def gpu_count() -> int:
-    """GPUs visible to this process, counted without initialising CUDA here."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    return len(glob.glob("/dev/nvidia[0-9]*"))
-
-
 def resolve_backend(settings: Settings, size: int) -> str:
     """The backend for a world of ``size`` ranks (DS_ACCELERATOR must match: see :func:`accelerator`)."""
     if settings.backend != "auto":
         return settings.backend
-    return "nccl" if gpu_count() >= size else "gloo"
+    return "nccl" if world.gpu_count() >= size else "gloo"
 
 
 def accelerator(backend: str) -> str:

@@ -15,6 +15,7 @@ fails with :class:`WorldNotFormed`.  A scenario that started is never run again.
 from __future__ import annotations
 
 import copy
+import glob
 import itertools
 import os
 import pickle
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
 
-from pytest_zero3 import impl, options, spawner
+from pytest_zero3 import impl, spawner
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.job import Attempt, Job
 from pytest_zero3.outcome import (
@@ -42,6 +43,7 @@ from pytest_zero3.outcome import (
     death_message,
     failure_text,
 )
+from pytest_zero3.scenario import Unsupported
 
 #: Seconds the other ranks may still run after one rank failed.
 GRACE_SECONDS = 5.0
@@ -121,7 +123,7 @@ class World(BaseWorld):
     def resized(self, size: int) -> World | None:
         """This world with ``size`` ranks (ranks are forked per run, so any size costs the same), or
         None where ``size`` ranks cannot run here: more ranks than GPUs on nccl."""
-        if self.backend == "nccl" and options.gpu_count() < size:
+        if self.backend == "nccl" and gpu_count() < size:
             return None
         other = copy.copy(self)
         other.size = size
@@ -176,6 +178,14 @@ class World(BaseWorld):
         return run_dir
 
 
+def gpu_count() -> int:
+    """GPUs visible to this process, counted without initialising CUDA here."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def not_formed(outcomes: list[RankOutcome], joined: set[int]) -> bool:
     """Whether a try in which no rank started its scenario failed because the world did not form:
     some rank could not join, or died or hung while joining (it is in ``joined``), and no rank failed
@@ -210,8 +220,6 @@ def settle(outcomes: list[RankOutcome], fn: Callable) -> list[Any]:
         pytest.xfail(outcomes[0].message)
     unsupported = [o for o in outcomes if o.status == UNSUPPORTED]
     if unsupported and statuses <= {UNSUPPORTED, PASSED, SKIPPED, STOPPED}:
-        from pytest_zero3.scenario import Unsupported
-
         raise Unsupported(unsupported[0].message)
     name = getattr(fn, "__qualname__", repr(fn))
     raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"), outcomes)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_zero3.options import gpu_count
+from pytest_zero3.world import gpu_count
 
 BAD = Path(__file__).resolve().parent / "bad_coordinators"
 needs_two_gpus = pytest.mark.skipif(gpu_count() < 2, reason="003-g runs on CUDA devices: needs 2 GPUs")
