@@ -11,7 +11,8 @@ import copy
 import pytest
 from pytest_zero3.fixtures import profiles
 
-from pytest_zero3 import options
+from pytest_zero3 import accel, options
+from pytest_zero3.scenario import Unsupported
 
 #: Added to a bf16-offload test: the forkserver imports it, building DeepSpeedCPUAdam there once (under
 #: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.
@@ -93,14 +94,10 @@ class ProfileWorld:
     def _check_device(self):
         """A GPU-only profile where the ranks will run on the CPU accelerator: unsupported before any
         rank starts (the ranks check too, where the accelerator is known only there)."""
-        from pytest_zero3 import accel
-
         profile = profiles.PROFILES[self.profile]
         world = self._world
         backend, size = getattr(world, "backend", accel.AUTO), getattr(world, "size", 1)
         if profile.gpu_only and accel.predicted(backend, size) == "cpu":
-            from pytest_zero3.scenario import Unsupported
-
             raise Unsupported(f"profile {profile.name}: {profile.gpu_only}")
 
     def resized(self, size):

@@ -17,6 +17,26 @@ top-level folders into the package at build time (``package-dir`` in pyproject.t
 (run in place or installed editable) those folders sit next to this package, so the package's
 search path is extended with the repository root, which makes the same import names work.
 
+Layers, top to bottom.  A module imports only from its own layer and the layers below it, and no
+import circle forms, counting function-local imports (import-linter's contracts in pyproject.toml,
+checked by ``scripts/lint_imports.py`` in CI):
+
+1. the suite: ``conformance``, the contracts pytest collects;
+2. pytest's face, in pytest's process: ``plugin`` (the pytest11 entry point), ``cli``, ``report``,
+   ``gitbisect``, ``baseline``, ``expectations``, ``markers``, ``options``, ``judging``;
+3. the fixtures: ``fixtures``, what scenarios are built from; they run inside ranks, and pytest's face
+   reads their profiles and rule model;
+4. worlds, one scenario call on every rank: ``launcher`` (under torchrun), ``world`` (forked ranks);
+5. processes: ``spawner``, ``zygote``, ``preload``, ``rank``: forkservers and the ranks they fork;
+6. shared types: ``job``, ``impl``, ``outcome``, ``scenario``, ``registry``, ``dsops``, ``protocol``,
+   ``_compat``, and ``accel``, the one adapter to DeepSpeed's accelerator;
+7. the reference: ``reference_impl``, the coordinator and fixes a rank installs for ``--zero3-impl=reference``.
+
+Worlds and processes run the fixtures' scenario functions by reference (pickled), never import them;
+a forkserver starts by importing ``preload``, named as a string.  A function-local import of a module
+of this package is there only because the import must wait (it loads torch or deepspeed, the fixtures,
+or an atexit hook) and says so beside it.
+
 Importing this package imports neither torch nor deepspeed.
 """
 
@@ -38,8 +58,9 @@ def judge(engine, every: int = 1, check: bool = True, config=None):
 
     ``with pytest_zero3.judge(engine, every=10) as j: <train>``; see :func:`pytest_zero3.judging.judge`
     (its exception on a broken rule: :class:`pytest_zero3.judging.RuleViolations`, an ``AssertionError``).
-    Imported here lazily: importing ``pytest_zero3`` imports neither torch nor deepspeed.
     """
+    # lazy: this package's __init__ runs in every process that imports any of its modules (pytest, the
+    # forkservers, the ranks), so it imports none of them
     from pytest_zero3 import judging
 
     return judging.judge(engine, every=every, check=check, config=config)

@@ -109,10 +109,8 @@ def run(config, spec, directory: str, write_line: Callable[[str], None], drop_en
         check=False,
     )
     seconds = time.monotonic() - began
-    from pytest_zero3 import report  # which imports this module
-
     judged = proc.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
-    doc = report.read(path) if judged else None
+    doc = read(path) if judged else None
     if doc is None:
         tail = "\n".join(proc.stdout.rstrip().splitlines()[-TAIL:])
         raise pytest.UsageError(
@@ -129,11 +127,20 @@ def run(config, spec, directory: str, write_line: Callable[[str], None], drop_en
     return doc
 
 
+def read(path) -> dict | None:
+    """The JSON report (``--zero3-report``) a pytest run wrote at ``path``, as a dict, or None when there is
+    none (the run wrote no report)."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("contracts"), list) else None
+
+
 def load(path: str) -> dict:
     """The baseline report a controller saved with :func:`run` (read by pytest-xdist workers)."""
-    from pytest_zero3 import report  # which imports this module
-
-    doc = report.read(path)
+    doc = read(path)
     if doc is None:
         raise pytest.UsageError(f"--zero3-baseline: the baseline's results at {path} are gone or unreadable.")
     return doc

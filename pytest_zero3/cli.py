@@ -14,14 +14,14 @@ find the commit of a fork that broke a contract (:mod:`pytest_zero3.gitbisect`).
 import sys
 from typing import Optional
 
+import pytest
+
+from pytest_zero3 import gitbisect
+
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import pytest
-
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["bisect"], ["bisect-step"]):
-        from pytest_zero3 import gitbisect
-
         return gitbisect.bisect(args[1:]) if args[0] == "bisect" else gitbisect.step(args[1:])
     return int(pytest.main(["--pyargs", "pytest_zero3.conformance", *args]))
 

@@ -5,6 +5,8 @@ before its first scenario (:mod:`pytest_zero3.launcher`), so neither compiles an
 scenario's timeout.
 """
 
+from pytest_zero3 import accel
+
 
 def probe() -> None:
     """DeepSpeed probes which ops could build (running a C compiler) on first use: do it once, here."""
@@ -26,8 +28,6 @@ def skip_cpu_shm_comm_op() -> None:
     """
     try:
         import deepspeed.ops
-
-        from pytest_zero3 import accel
 
         if accel.name() != "cpu":  # DS_ACCELERATOR, or DeepSpeed's detection where it is unset
             return

@@ -25,7 +25,9 @@ import re
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
 
+from pytest_zero3 import world
 from pytest_zero3._compat import tomllib
+from pytest_zero3.outcome import first_failure
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
@@ -151,8 +153,6 @@ class CauseMismatch(Failed):
 
 #: What is no failure of the contract: pytest's own skip/xfail/exit, an interrupt, a world that never formed.
 def passes_through(exc: BaseException) -> bool:
-    from pytest_zero3 import world
-
     through = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt, SystemExit)
     return isinstance(exc, (*through, world.WorldNotFormed))
 
@@ -167,8 +167,6 @@ def judge(cid: str, expectation: Expectation, exc: BaseException) -> BaseExcepti
 
 def headline(exc: BaseException) -> str:
     """One line naming the failure: a failed world's first real failure, else the exception's first line."""
-    from pytest_zero3.outcome import first_failure
-
     outcomes = getattr(exc, "outcomes", None)
     if outcomes:
         return first_failure(outcomes)

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from pytest_zero3 import baseline, report
+from pytest_zero3 import baseline
 from pytest_zero3.outcome import Outcome
 
 GOOD, BAD, SKIP = 0, 1, 125
@@ -68,7 +68,7 @@ def step(args) -> int:
             ["--pyargs", "pytest_zero3.conformance", f"--zero3-impl={root}", *args, f"--zero3-report={path}"]
         )
         proc = subprocess.run(argv, cwd=root, env=_bisect_env(), stdin=subprocess.DEVNULL, check=False)
-        code = exit_status(proc.returncode, report.read(path))
+        code = exit_status(proc.returncode, baseline.read(path))
     print(f"zero3 bisect-step: {commit}: {WORDS[code]} (pytest exit status {proc.returncode})", flush=True)
     return code
 

@@ -26,13 +26,13 @@ import sys
 
 from packaging.version import InvalidVersion, Version
 
-from pytest_zero3 import protocol
+from pytest_zero3 import accel, protocol
 
 #: Oldest deepspeed the plugin runs on at all: the harness reads DeepSpeed's ZeRO-3 internals as they
 #: are from 0.14.0 on, and it is not built for older ones.
 MIN_DEEPSPEED = "0.14.0"
-#: Releases the release matrix runs the whole suite against (scripts/release-matrix.sh RELEASES; README
-#: "Across DeepSpeed releases").  An older base runs, with an "untested base" warning.
+#: Releases the release matrix runs the whole suite against (scripts/release-matrix.sh RELEASES; the
+#: manual's docs/results/release-matrix.md).  An older base runs, with an "untested base" warning.
 MATRIX_RELEASES = ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.2", "0.19.3", "0.19.8")
 #: Oldest deepspeed the reference (and a ``module:Class`` spec, which runs inside it) works with: it
 #: wraps ``DeepSpeedZeRoOffload.release_backward_leftovers``, which DeepSpeed added in 0.19.3 with the
@@ -220,16 +220,16 @@ def load_class(spec: Spec):
 def apply(spec: Spec) -> None:
     """Install the implementation in this process.  Called in every rank before the scenario runs."""
     if spec.kind == "reference":
-        from pytest_zero3 import reference_impl  # type: ignore[attr-defined]  # mapped in: see __init__
+        from pytest_zero3.reference_impl import install  # lazy: imports deepspeed
 
-        reference_impl.install()
+        install()
     elif spec.kind == "class":
         # The class replaces the name parameter_offload constructs (it imported the class by name, so
         # patching the defining module would have no effect), with the reference's fixes around the
         # coordinator, so the contracts judge the class and not DeepSpeed's leaks elsewhere.
-        from pytest_zero3 import reference_impl  # type: ignore[attr-defined]  # mapped in: see __init__
+        from pytest_zero3.reference_impl import install  # lazy: imports deepspeed
 
-        reference_impl.install(coordinator=load_class(spec))
+        install(coordinator=load_class(spec))
 
 
 def identity() -> dict:
@@ -237,8 +237,6 @@ def identity() -> dict:
     backend and DeepSpeed's accelerator."""
     import torch
     import torch.distributed as dist
-
-    from pytest_zero3 import accel
 
     info = {"torch": str(torch.__version__)}
     if dist.is_available() and dist.is_initialized():

@@ -1,14 +1,36 @@
 """What pytest hands to the forkserver and to every rank: typed, parsed once, pickled as it is.
 
 The implementation spec is parsed once, in pytest (:func:`pytest_zero3.options.settings_from`); the
-forkserver and the ranks receive the :class:`~pytest_zero3.impl.Spec` itself, never its text.
+forkserver and the ranks receive the :class:`~pytest_zero3.impl.Spec` itself, never its text.  A
+:class:`Job` reaches the forkserver in a file of the session's directory (:func:`payload_path`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 
 from pytest_zero3.impl import Spec
+
+#: How the temp files and directories of pytest-zero3 sessions are named (:func:`session_dir`).
+TEMP_PREFIX = "pytest-zero3-"
+
+
+def session_dir(pid: int) -> str:
+    """The temp directory of the pytest process ``pid``: the forkserver's payload and stack live here.
+
+    Named by pid so that the forkserver finds its payload by its parent's pid, and so that a later
+    session can tell the directory of a session that ended without cleaning up (SIGKILL) by its pid.
+    """
+    return os.path.join(tempfile.gettempdir(), f"{TEMP_PREFIX}{os.getuid()}-{pid}")
+
+
+def payload_path(parent_pid: int) -> str:
+    """The forkserver's :class:`Job`, written by its parent (pid ``parent_pid``) before it starts.  It
+    travels in this file, not in environment variables: nothing leaks into the environment of pytest or
+    of anything else it starts."""
+    return os.path.join(session_dir(parent_pid), "forkserver.pickle")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,9 @@ multiple of N.
 
 Attached to an engine that has already trained, the judge invalidates the coordinator's trace first:
 the model cannot know a trace it did not see recorded, and a re-recorded trace costs one step's prefetch.
+
+The fixtures package is imported where it is used, never at import: the plugin imports this module in
+every pytest run, and the fixtures' engine and probe import torch and deepspeed.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class JudgeError(Exception):
 
 def rule_config(engine):
     """The :class:`~pytest_zero3.fixtures.rules.Config` of ``engine``: its ZeRO config and its params."""
-    from pytest_zero3.fixtures import rules
+    from pytest_zero3.fixtures import rules  # lazy: see the module docstring
 
     stage = engine.zero_optimization_stage()
     if stage != 3:
@@ -88,7 +91,7 @@ class EngineJudge:
     def __init__(self, engine, every: int = 1, check: bool = True, config=None):
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"pytest_zero3.judge(every={every!r}): every must be a whole number of steps, 1 or more")
-        from pytest_zero3.fixtures import rules
+        from pytest_zero3.fixtures import rules  # lazy: see the module docstring
 
         self.engine, self.every, self.check = engine, every, check
         self.config = config if config is not None else rule_config(engine)
@@ -110,8 +113,8 @@ class EngineJudge:
     def attach(self) -> EngineJudge:
         """Hook the probe in; call it between steps.  An engine that already ran a step has its trace
         invalidated (as a changed module order would), so coordinator and model record it afresh."""
-        from pytest_zero3.fixtures import engine as eng
-        from pytest_zero3.fixtures.event_probe import EventProbe
+        from pytest_zero3.fixtures import engine as eng  # lazy: see the module docstring
+        from pytest_zero3.fixtures.event_probe import EventProbe  # lazy: see the module docstring
 
         if self._probe is None:
             coordinator = eng.coordinator(self.engine)
@@ -143,7 +146,7 @@ class EngineJudge:
     # -- verdict ---------------------------------------------------------------------------------
     def report(self) -> str:
         """The violations for a person: how many, the first :data:`SHOWN`, and what each broken rule says."""
-        from pytest_zero3.fixtures import rules
+        from pytest_zero3.fixtures import rules  # lazy: see the module docstring
 
         c = self.config
         head = (

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_zero3 import accel, dsops
+from pytest_zero3 import accel, dsops, impl
 from pytest_zero3 import rank as rank_mod
 from pytest_zero3.outcome import HUNG, UNFORMED, GroupNotFormed, RankOutcome
 from pytest_zero3.world import FORM_ATTEMPTS, BaseWorld, WorldNotFormed, not_formed_text
@@ -117,8 +117,6 @@ class LauncherWorld(BaseWorld):
         """The launcher's key-value store, reached once through an ``env://`` rendezvous (and kept)."""
         global _store
         import torch.distributed as dist
-
-        from pytest_zero3 import impl
 
         if not LauncherWorld._applied:
             dsops.probe()  # as the forkserver does: nothing is compiled inside a scenario's timeout
@@ -368,8 +366,6 @@ def _current_test() -> str:
 
 def _identity() -> dict:
     try:
-        from pytest_zero3 import impl
-
         return impl.identity()
     except Exception:
         return {}

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pytest_zero3 import registry
+from pytest_zero3 import options, registry
 
 _PRELOADS: pytest.StashKey[list] = pytest.StashKey()
 
@@ -141,8 +141,6 @@ def selected(cid: str, prefixes) -> bool:
 
 
 def select_prefixes(config) -> list:
-    from pytest_zero3 import options
-
     return list(options.settings(config).select)
 
 

@@ -17,14 +17,11 @@ import argparse
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Literal, cast
-
-if TYPE_CHECKING:
-    from pytest_zero3.plugin import Zero3Session
+from typing import Any, Callable, Literal, Protocol, cast
 
 import pytest
 
-from pytest_zero3 import accel, impl, spawner
+from pytest_zero3 import accel, impl, registry, spawner
 
 DEFAULT_TIMEOUT = 180.0
 DEFAULT_STARTUP_TIMEOUT = spawner.DEFAULT_STARTUP_TIMEOUT
@@ -92,13 +89,13 @@ def _prefixes(value: Any) -> tuple[str, ...]:
 
 def _replay(value: Any) -> tuple:
     """The examples of ``--zero3-replay``, checked before any world starts (imports the rule library)."""
-    from pytest_zero3.fixtures import rule_batch
+    from pytest_zero3.fixtures import rule_batch  # lazy: the suite's package, loaded by a session that uses it
 
     return rule_batch.load_replay(str(value))
 
 
 def _profiles(value: Any) -> tuple[str, ...]:
-    from pytest_zero3.fixtures import profiles
+    from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
     return profiles.parse_names(str(value))
 
@@ -384,7 +381,7 @@ def settings_from(config: pytest.Config) -> Settings:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings.config:
-        from pytest_zero3.fixtures import profiles
+        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
         try:
             profiles.load_config_file(settings.config)
@@ -404,9 +401,16 @@ def _spec(name: str, text: str, where: str) -> impl.Spec:
     return spec
 
 
+class _Session(Protocol):
+    """What :func:`settings` needs of the plugin's session object (:class:`pytest_zero3.plugin.Zero3Session`,
+    registered under that name), which sits above this module."""
+
+    def activate(self) -> Settings: ...
+
+
 def settings(config: pytest.Config) -> Settings:
     """The session's validated settings (activating the session if needed): read options only here."""
-    session = cast("Zero3Session", config.pluginmanager.get_plugin("zero3-session"))
+    session = cast(_Session, config.pluginmanager.get_plugin("zero3-session"))
     return session.activate()
 
 
@@ -428,8 +432,6 @@ def names_suite(args) -> bool:
         return True
     if "--pyargs" in args and any(a.split("::")[0].startswith("pytest_zero3.conformance") for a in args):
         return True
-    from pytest_zero3 import registry
-
     suite = os.path.dirname(os.path.realpath(registry.path()))
     for a in args:
         if a.startswith("-"):

@@ -14,14 +14,13 @@ import os
 import signal
 import sys
 import tempfile
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import pytest
 
-from pytest_zero3 import accel, launcher, markers, options, spawner
-
-if TYPE_CHECKING:
-    from pytest_zero3.report import Report
+from pytest_zero3 import accel, baseline, expectations, impl, judging, launcher, markers, options, registry, spawner
+from pytest_zero3.report import Report, recorder
+from pytest_zero3.world import World
 
 PLUGIN_NAME = "zero3-session"
 #: The key of a pytest-xdist worker's ``workerinput`` that holds the path of the baseline's results.
@@ -41,8 +40,6 @@ def pytest_load_initial_conftests(early_config, parser, args):
     ``zero3_*`` ini settings alone ask for nothing: a bare ``pytest`` in a fork runs the fork's tests."""
     early_config.stash[_ASKED] = options.names_suite(args)
     if any(str(a).startswith("--zero3-") for a in args) and not early_config.known_args_namespace.file_or_dir:
-        from pytest_zero3 import registry
-
         args.append(os.path.dirname(registry.path()))
 
 
@@ -75,8 +72,6 @@ class Zero3Session:
         """Validate the options and open the report (a :class:`pytest.UsageError` names the fix)."""
         if self.settings is not None:
             return self.settings
-        from pytest_zero3 import impl, report
-
         settings = options.settings_from(self.config)
         if markers.distributing(self.config):  # its workers collect; a usage error there is an internal error
             markers.check_select(settings.select)
@@ -93,11 +88,9 @@ class Zero3Session:
             except impl.SpecError as exc:
                 raise pytest.UsageError(str(exc)) from None
         reports = not hasattr(self.config, "workerinput") and not (launcher.active() and launcher.rank() != 0)
-        self.report = report.Report(self.config, settings, reports=reports)
+        self.report = Report(self.config, settings, reports=reports)
         given = getattr(self.config, "workerinput", {}).get(BASELINE_INPUT)
         if given:  # a pytest-xdist worker: the controller ran the baseline
-            from pytest_zero3 import baseline
-
             self.report.use_baseline(baseline.load(given))
         self.settings = settings
         return settings
@@ -109,8 +102,6 @@ class Zero3Session:
         if self._started:
             return
         self._started = True
-        from pytest_zero3 import impl
-
         accelerator = accel.chosen(settings.backend, size)
         if accelerator is not None:
             self._setdefault_env(accel.ENV, accelerator)
@@ -151,13 +142,9 @@ class Zero3Session:
         timeout = markers.timeout(request.node, settings.timeout)
         backend = settings.backend  # "auto": each rank asks its accelerator (accel.backend)
         self.start(size, settings)
-        from pytest_zero3 import report
-
-        record = report.recorder(request.node)
+        record = recorder(request.node)
         if launcher.active():
             return launcher.LauncherWorld(settings.spec, backend, timeout, on_outcomes=record)
-        from pytest_zero3.world import World
-
         base = str(tmp_path_factory.mktemp("zero3-world"))
         return World(
             size,
@@ -178,8 +165,6 @@ class Zero3Session:
             return
         if self.config.option.collectonly:  # nothing runs, so nothing is judged
             return
-        from pytest_zero3 import baseline
-
         self._baseline_dir = tempfile.TemporaryDirectory(prefix="zero3-baseline-")
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         write = tr.write_line if tr is not None else (lambda line: None)
@@ -228,8 +213,6 @@ class Zero3Session:
         try:
             return (yield)
         except BaseException as exc:
-            from pytest_zero3 import expectations
-
             cid, expectation = listed
             judged = expectations.judge(cid, expectation, exc)
             if judged is None:
@@ -299,8 +282,6 @@ def zero3_judge():
     judges: list = []
 
     def attach(engine, every: int = 1, check: bool = True, config=None):
-        from pytest_zero3 import judging
-
         j = judging.judge(engine, every=every, check=check, config=config).attach()
         judges.append(j)
         return j

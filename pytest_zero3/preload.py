@@ -3,7 +3,7 @@
 A freshly spawned rank spends seconds importing torch and deepspeed (and torch._dynamo, which
 torch.optim pulls in lazily on first use).  The forkserver pays that once; a rank forked from it
 starts in milliseconds.  What to load comes from the job payload the parent wrote before the
-forkserver started (:func:`pytest_zero3.spawner.payload_path`), a :class:`~pytest_zero3.job.Job`.
+forkserver started (:func:`pytest_zero3.job.payload_path`), a :class:`~pytest_zero3.job.Job`.
 """
 
 import faulthandler
@@ -14,9 +14,9 @@ import pickle
 import signal
 import sys
 
-from pytest_zero3 import dsops, rank, spawner
+from pytest_zero3 import dsops, rank
 from pytest_zero3.impl import Spec
-from pytest_zero3.job import Job
+from pytest_zero3.job import Job, payload_path
 
 #: Always loaded: the harness itself and what any ZeRO-3 rank imports.
 BASE = (
@@ -36,6 +36,9 @@ DEEPSPEED = (
     "deepspeed.runtime.zero.partition_parameters",
     "deepspeed.ops.adam",
 )
+#: What a zygote (:mod:`pytest_zero3.zygote`) imports besides :data:`BASE`: the inductor modules that
+#: deepspeed.runtime.zero.muon imports.
+TORCH = ("torch._inductor.compile_fx",)
 
 
 def _load_all() -> None:
@@ -46,7 +49,7 @@ def _load_all() -> None:
     if os.getppid() != pytest_pid:
         os._exit(1)
     try:
-        with open(spawner.payload_path(pytest_pid), "rb") as fh:
+        with open(payload_path(pytest_pid), "rb") as fh:
             job = pickle.load(fh)
     except OSError:  # started by something other than pytest_zero3.spawner: load the basics only
         job = Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=pytest_pid)
@@ -58,8 +61,6 @@ def _load_all() -> None:
 
 def _load_torch(job: Job) -> None:
     """A zygote's load (:mod:`pytest_zero3.zygote`): what every rank forkserver needs but deepspeed."""
-    from pytest_zero3.zygote import TORCH
-
     _stack_on_signal(job)
     _import_all((*BASE, *TORCH))
     gc.collect()

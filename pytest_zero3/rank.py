@@ -24,7 +24,7 @@ import signal
 import sys
 import traceback
 
-from pytest_zero3 import accel, spawner
+from pytest_zero3 import accel, impl
 from pytest_zero3.job import Attempt
 from pytest_zero3.outcome import (
     HUNG,
@@ -37,6 +37,7 @@ from pytest_zero3.outcome import (
     GroupNotFormed,
     RankOutcome,
 )
+from pytest_zero3.scenario import Unsupported
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -65,8 +66,6 @@ def _run(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
     outcome = _run_scenario(attempt, rank, files)
     if rank == 0:
         try:
-            from pytest_zero3 import impl
-
             outcome.identity = {"backend": accel.backend(attempt.backend), **impl.identity()}
         except Exception:
             pass
@@ -78,11 +77,11 @@ def _run_scenario(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
         sys.path[:] = attempt.job.sys_path
         _set_env(attempt, rank)
         _one_thread_unless_chosen()
-        from pytest_zero3 import impl
-
         impl.apply(attempt.job.spec)
         fn, args, kwargs = pickle.loads(attempt.call)
-        accel.place(rank, attempt.world_size)  # one node: the local rank is the rank
+        short = accel.place(rank, attempt.world_size)  # one node: the local rank is the rank
+        if short:
+            raise Unsupported(short)
     except BaseException as exc:  # set-up failures are this rank's result too (not retried: they repeat)
         return ending(rank, exc)
     _touch(files["joining"])
@@ -127,8 +126,6 @@ def call(rank: int, fn, args=(), kwargs=None, passthrough=()) -> RankOutcome:
 def ending(rank: int, exc: BaseException) -> RankOutcome:
     """The outcome of a scenario that ended with ``exc``."""
     import _pytest.outcomes as pytest_outcomes
-
-    from pytest_zero3.scenario import Unsupported
 
     if isinstance(exc, Unsupported):  # first: it is a kind of skip
         return RankOutcome(rank, UNSUPPORTED, message=str(exc))
@@ -206,7 +203,7 @@ def _die_with(pytest_pid: int) -> None:
     itself dies with pytest (it asks the same in :mod:`pytest_zero3.preload`), so however pytest ends,
     SIGKILL included, no rank is left, even one stuck in C code.  Exits at once if pytest is gone."""
     die_with_parent()
-    if os.getppid() == 1 or not spawner.alive(pytest_pid):
+    if os.getppid() == 1 or not alive(pytest_pid):
         os._exit(1)
 
 
@@ -215,3 +212,14 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (of any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

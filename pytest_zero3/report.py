@@ -42,8 +42,10 @@ import warnings
 
 import pytest
 
-from pytest_zero3 import accel, baseline, expectations, impl, markers, registry
+from pytest_zero3 import accel, baseline, expectations, impl, launcher, markers, registry
 from pytest_zero3.outcome import SEVERITY, Outcome, first_failure
+from pytest_zero3.scenario import Unsupported
+from pytest_zero3.world import WorldFailure, WorldNotFormed
 
 SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 4
 #: The JSON Schema of the report (shipped with the package; scripts/render_matrix.py validates against it).
@@ -115,7 +117,7 @@ class Report:
         if settings.baseline is not None:
             lines.append(f"zero3: baseline={settings.baseline.text} ({settings.baseline.label}), judged against it")
         if settings.profile != ("fp32",) or settings.config:
-            from pytest_zero3.fixtures import profiles
+            from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
             lines.append("zero3: " + profiles.report_header(settings))
         lines += [f"zero3: warning: {w}" for w in [impl.base_warning(settings.spec)] if w]
@@ -124,8 +126,6 @@ class Report:
     def world_size(self) -> int:
         """The size of the world that runs: torchrun's (``WORLD_SIZE``) in launcher mode, where the
         option's value is not used, else the option's."""
-        from pytest_zero3 import launcher
-
         return int(os.environ["WORLD_SIZE"]) if launcher.active() else self.settings.world_size
 
     def use_baseline(self, doc: dict) -> None:
@@ -291,7 +291,7 @@ class Report:
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
         info.update(backend=self.settings.backend, world_size=self.world_size())
-        from pytest_zero3.fixtures import profiles
+        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
         info.update(profiles.report_implementation(self.settings))
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
@@ -409,16 +409,6 @@ class Report:
                 )
 
 
-def read(path) -> dict | None:
-    """The JSON report at ``path`` as a dict, or None when there is none (the run wrote no report)."""
-    try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("contracts"), list) else None
-
-
 def check_writable(option: str, path) -> None:
     """Create ``path``'s parent directories and make sure the file can be written; else a usage error."""
     if not path:
@@ -441,19 +431,16 @@ def classify(call, rep, expected):
 
     ``message`` is the failure itself (kept for a known failure too: the report still shows what failed).
     """
-    from pytest_zero3 import world
-    from pytest_zero3.scenario import Unsupported
-
     exc = call.excinfo.value if call.excinfo is not None else None
     cause = exc.cause if isinstance(exc, (expectations.KnownFailure, expectations.CauseMismatch)) else exc
     message = ""
     if cause is not None and not isinstance(cause, (pytest.skip.Exception, pytest.xfail.Exception)):
-        if isinstance(cause, world.WorldFailure):
+        if isinstance(cause, WorldFailure):
             message = first_failure(cause.outcomes) if cause.outcomes else str(cause).strip()
         else:
             message = pytest.ExceptionInfo.from_exception(cause).exconly()[:4000]  # assertion detail is evidence
     first = (message.splitlines() or [""])[0]
-    if cause is not None and isinstance(cause, world.WorldNotFormed):
+    if cause is not None and isinstance(cause, WorldNotFormed):
         return Outcome.WORLD_ERROR, first, message
     if rep.skipped and hasattr(rep, "wasxfail"):
         if expected is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 from _pytest.outcomes import Skipped  # pytest.skip.Exception, named so type checkers see the class
 
+from pytest_zero3 import accel
+
 
 class Unsupported(Skipped):
     """The implementation under test does not offer what the contract needs.
@@ -55,8 +57,6 @@ def device():
 
     if not dist.is_initialized():
         return torch.device("cpu")
-    from pytest_zero3 import accel
-
     return accel.device()
 
 

@@ -4,6 +4,10 @@ Every scenario gets fresh rank processes (ZeRO-3 leaves hooks, registries and mo
 in a process, and DeepSpeed's own reused worlds leaked and hung).  Forking them from a warm
 forkserver makes "fresh" cheap.  This module also keeps the list of live ranks so that none
 outlives pytest, whatever ends it.
+
+The forkservers themselves are in :mod:`pytest_zero3.zygote`, imported here only inside the functions
+that start or stop one: importing it imports ``multiprocessing.forkserver``, whose import registers an
+atexit hook, and a run that does not use the plugin must see none added (tests/test_inert.py).
 """
 
 from __future__ import annotations
@@ -23,27 +27,11 @@ import threading
 import time
 from typing import Any
 
-from pytest_zero3.job import Job
+from pytest_zero3 import impl
+from pytest_zero3.job import TEMP_PREFIX, Job, payload_path, session_dir
+from pytest_zero3.rank import alive
 
-
-def session_dir(pid: int) -> str:
-    """The temp directory of the pytest process ``pid``: the forkserver's payload and stack live here.
-
-    Named by pid so that the forkserver finds its payload by its parent's pid, and so that a later
-    session can tell the directory of a session that ended without cleaning up (SIGKILL) by its pid.
-    """
-    return os.path.join(tempfile.gettempdir(), f"{_PREFIX}{os.getuid()}-{pid}")
-
-
-def payload_path(parent_pid: int) -> str:
-    """The forkserver's :class:`~pytest_zero3.job.Job`, written by its parent (pid ``parent_pid``) before
-    it starts.  It travels in this file, not in environment variables: nothing leaks into the
-    environment of pytest or of anything else it starts."""
-    return os.path.join(session_dir(parent_pid), "forkserver.pickle")
-
-
-_PREFIX = "pytest-zero3-"
-_LEFTOVER = re.compile(re.escape(_PREFIX) + r"(\d+)-(?:forkserver-)?(\d+)(?:\.pickle)?$")
+_LEFTOVER = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-(?:forkserver-)?(\d+)(?:\.pickle)?$")
 
 
 def remove_leftovers(directory: str = "") -> list[str]:
@@ -66,17 +54,6 @@ def remove_leftovers(directory: str = "") -> list[str]:
                 os.remove(path)
         removed.append(path)
     return removed
-
-
-def alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (of any user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 #: Seconds the forkserver may take to become ready (its preload imports torch and deepspeed, and may
@@ -113,50 +90,19 @@ def _fits(job: Job) -> tuple:
     """What a forkserver must share with ``job`` to fork its ranks: the deepspeed it imported (a fork
     checkout's path), the environment it inherited, and a superset of the modules it preloaded.  The
     spec's coordinator is not part of it: ranks load and install that themselves (preload.py)."""
-    from pytest_zero3 import impl
+    from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
     # pytest's own variables change between tests and sessions (PYTEST_CURRENT_TEST, PYTEST_VERSION)
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in DRIFT_ENV))
+    env = tuple(
+        sorted((k, v) for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in zygote.DRIFT_ENV)
+    )
     return impl.import_path(job.spec), env, frozenset(job.preload)
 
 
-#: Variables that torch and deepspeed set in pytest's own process as a side effect, each to the value
-#: the forkserver and its ranks compute for themselves (inductor's cache dir, the first time anything
-#: asks for it; deepspeed's import, NVML's CUDA check): keying forkservers by them restarted the
-#: forkserver in the middle of a suite run (about 12 s) after a test computed a plain-torch reference.
-DRIFT_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK"})
-
-
-def _swap(srv) -> Any:
-    """Make ``srv`` the forkserver that multiprocessing's forkserver context starts processes from;
-    return the one it replaces.
-
-    multiprocessing keeps one forkserver per process, a module-level instance whose bound methods the
-    module re-exports; :mod:`multiprocessing.popen_forkserver` looks them up at each start, so swapping
-    the five names switches the server new processes are forked from."""
-    from multiprocessing import forkserver
-
-    old = forkserver._forkserver
-    forkserver._forkserver = srv
-    forkserver.ensure_running = srv.ensure_running
-    forkserver.get_inherited_fds = srv.get_inherited_fds
-    forkserver.connect_to_new_process = srv.connect_to_new_process
-    forkserver.set_forkserver_preload = srv.set_forkserver_preload
-    return old
-
-
-@contextlib.contextmanager
-def using(srv):
-    """Start processes from ``srv`` inside (a zygote, while it forks a rank forkserver)."""
-    old = _swap(srv)
-    try:
-        yield
-    finally:
-        _swap(old)
-
-
 def _activate(entry: _Server) -> None:
-    _swap(entry.server)
+    from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
+
+    zygote.swap(entry.server)
     _servers.remove(entry)
     _servers.insert(0, entry)
 
@@ -171,7 +117,7 @@ def _zygote(job: Job):
     its own (made if there is none; it starts at its first use)."""
     from multiprocessing.forkserver import ForkServer
 
-    from pytest_zero3 import zygote
+    from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
     env = zygote.torch_env()
     if env not in _zygotes:
@@ -218,9 +164,9 @@ def context(job: Job):
         # fork from a zygote (zygote.py)
         parent = _zygote(job)
         if parent is not None:
-            from pytest_zero3.zygote import RankForkServer
+            from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
-            server = RankForkServer(parent, job, dict(os.environ))
+            server = zygote.RankForkServer(parent, job, dict(os.environ))
         else:
             # read by the forkserver's preload when it starts (at the next start_all), before any other write
             with open(payload_path(os.getpid()), "wb") as fh:
@@ -366,13 +312,12 @@ def share_zygote() -> None:
     """Start this process's zygote now and share it with the pytest processes it starts from now on
     (:func:`pytest_zero3.zygote.share`): each of them forks its forkserver from it instead of importing
     torch for one.  Inside :func:`held` only; the zygote goes when this process stops its forkservers."""
-    from pytest_zero3 import zygote
-    from pytest_zero3.impl import Spec
+    from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
     global _shared
     assert _held, "share_zygote() needs held()"
     _fresh_session_dir()
-    zygote.share(_zygote(Job(spec=Spec("installed", "installed"), sys_path=(), parent_pid=os.getpid())))
+    zygote.share(_zygote(Job(spec=impl.Spec("installed", "installed"), sys_path=(), parent_pid=os.getpid())))
     _shared = os.environ[zygote.ENV_VAR]
 
 
@@ -407,7 +352,7 @@ def _stop_one(entry: _Server) -> None:
 def _stop_zygote(server) -> None:
     """Kill a zygote (it holds nothing but imports; its rank forkservers were stopped first); one that
     another process shares with this one is only let go."""
-    from pytest_zero3 import zygote
+    from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
     if isinstance(server, zygote.SharedZygote):
         with contextlib.suppress(OSError):
@@ -435,7 +380,7 @@ def _stop_server() -> None:
         _stop_zygote(server)
     _zygotes.clear()
     global _shared
-    from pytest_zero3 import zygote
+    from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
     if _shared and os.environ.get(zygote.ENV_VAR) == _shared:  # the zygote it named is gone
         del os.environ[zygote.ENV_VAR]

@@ -42,6 +42,7 @@ from pytest_zero3.outcome import (
     death_message,
     failure_text,
 )
+from pytest_zero3.scenario import Unsupported
 
 #: Seconds the other ranks may still run after one rank failed.
 GRACE_SECONDS = 5.0
@@ -210,8 +211,6 @@ def settle(outcomes: list[RankOutcome], fn: Callable) -> list[Any]:
         pytest.xfail(outcomes[0].message)
     unsupported = [o for o in outcomes if o.status == UNSUPPORTED]
     if unsupported and statuses <= {UNSUPPORTED, PASSED, SKIPPED, STOPPED}:
-        from pytest_zero3.scenario import Unsupported
-
         raise Unsupported(unsupported[0].message)
     name = getattr(fn, "__qualname__", repr(fn))
     raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"), outcomes)

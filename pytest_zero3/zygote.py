@@ -12,10 +12,14 @@ forkservers, the ranks.  The zygote is keyed by the environment like any forkser
 some of it at import), less :data:`LAZY_ENV`.  A process may also share its zygote with the pytests
 it starts (:func:`share`, :func:`shared`; this repository's tests do): their forkservers are then
 the zygote's children, not theirs, and each watches its requester's pid instead (:func:`_die_with`).
+
+The forkserver classes live here with what :mod:`pytest_zero3.spawner` needs of them to pick one:
+:func:`swap` (which forkserver multiprocessing starts processes from) and :data:`DRIFT_ENV`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -25,15 +29,48 @@ import zlib
 from multiprocessing import reduction
 from typing import Any
 
-#: What the zygote imports besides the rank forkserver's own list without deepspeed
-#: (``pytest_zero3.preload.BASE``): the inductor modules that deepspeed.runtime.zero.muon imports.
-TORCH = ("torch._inductor.compile_fx",)
+from pytest_zero3.rank import alive, die_with_parent
 
 #: Variables a zygote may differ in from its rank forkservers: nothing it imports reads them (torch
 #: reads TORCH_EXTENSIONS_DIR when it builds an op, deepspeed reads DS_ACCELERATOR, and the plugin
 #: sets both per deepspeed; COLUMNS and LINES are the terminal's size, which pytest-xdist sets in its
 #: workers).  Each rank forkserver takes its requester's whole environment (serve).
 LAZY_ENV = frozenset({"TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "COLUMNS", "LINES"})
+
+#: Variables that torch and deepspeed set in pytest's own process as a side effect, each to the value
+#: the forkserver and its ranks compute for themselves (inductor's cache dir, the first time anything
+#: asks for it; deepspeed's import, NVML's CUDA check): keying forkservers by them (a zygote, or a
+#: forkserver in :func:`pytest_zero3.spawner.context`) restarted the forkserver in the middle of a
+#: suite run (about 12 s) after a test computed a plain-torch reference.
+DRIFT_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK"})
+
+
+def swap(srv) -> Any:
+    """Make ``srv`` the forkserver that multiprocessing's forkserver context starts processes from;
+    return the one it replaces.
+
+    multiprocessing keeps one forkserver per process, a module-level instance whose bound methods the
+    module re-exports; :mod:`multiprocessing.popen_forkserver` looks them up at each start, so swapping
+    the five names switches the server new processes are forked from."""
+    from multiprocessing import forkserver
+
+    old = forkserver._forkserver
+    forkserver._forkserver = srv
+    forkserver.ensure_running = srv.ensure_running
+    forkserver.get_inherited_fds = srv.get_inherited_fds
+    forkserver.connect_to_new_process = srv.connect_to_new_process
+    forkserver.set_forkserver_preload = srv.set_forkserver_preload
+    return old
+
+
+@contextlib.contextmanager
+def using(srv):
+    """Start processes from ``srv`` inside (a zygote, while it forks a rank forkserver)."""
+    old = swap(srv)
+    try:
+        yield
+    finally:
+        swap(old)
 
 
 class Fd:
@@ -57,10 +94,12 @@ def serve(job, env: dict, listener_fd: int, alive_r: int) -> None:
     (multiprocessing's own protocol) or ends, or the zygote dies."""
     from multiprocessing import forkserver
 
-    from pytest_zero3 import preload, rank  # preload: imported by the zygote, which loaded torch with it
+    # Not at import: importing preload is the forkserver's start-up (it loads torch and deepspeed); here,
+    # in the zygote's child, the zygote imported it already, so this only names it.
+    from pytest_zero3 import preload
 
     zygote = os.getppid()
-    rank.die_with_parent()
+    die_with_parent()
     if os.getppid() != zygote:
         os._exit(1)
     _die_with(job.parent_pid)
@@ -95,9 +134,7 @@ ENV_VAR = "PYTEST_ZERO3_ZYGOTE"
 
 def torch_env(environ=None) -> tuple:
     """The part of the environment a zygote is keyed by: all but pytest's own, :data:`LAZY_ENV` and
-    :data:`pytest_zero3.spawner.DRIFT_ENV`."""
-    from pytest_zero3.spawner import DRIFT_ENV
-
+    :data:`DRIFT_ENV`."""
     environ = os.environ if environ is None else environ
     skip = LAZY_ENV | DRIFT_ENV
     return tuple(sorted((k, v) for k, v in environ.items() if not k.startswith("PYTEST_") and k not in skip))
@@ -122,10 +159,8 @@ class SharedZygote(multiprocessing.forkserver.ForkServer):
     def ensure_running(self) -> None:
         from multiprocessing import resource_tracker
 
-        from pytest_zero3 import spawner
-
         resource_tracker.ensure_running()
-        if not spawner.alive(self._forkserver_pid):
+        if not alive(self._forkserver_pid):
             raise RuntimeError(f"the shared zygote (pid {self._forkserver_pid}, {ENV_VAR}) is gone")
 
 
@@ -134,13 +169,11 @@ def shared() -> SharedZygote | None:
     value = os.environ.get(ENV_VAR, "")
     address, _, rest = value.partition("|")
     pid, _, want = rest.partition("|")
-    from pytest_zero3 import spawner
-
     if not (address and pid.isdigit() and want == tag(torch_env()) and hasattr(os, "pidfd_open")):
         return None
     if "_forkserver_authkey" in vars(multiprocessing.forkserver.ForkServer()):
         return None  # a Python whose forkserver authenticates clients: only its starter holds the key
-    if not spawner.alive(int(pid)):
+    if not alive(int(pid)):
         return None
     return SharedZygote(address, int(pid))
 
@@ -182,8 +215,6 @@ class RankForkServer(multiprocessing.forkserver.ForkServer):
                 return
             if self._process is not None:
                 raise RuntimeError(f"the rank forkserver exited with {self._process.exitcode}")
-            from pytest_zero3 import spawner
-
             with socket.socket(socket.AF_UNIX) as listener:
                 address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
                 listener.bind(address)
@@ -191,7 +222,7 @@ class RankForkServer(multiprocessing.forkserver.ForkServer):
                 listener.listen()
                 alive_r, alive_w = os.pipe()
                 try:
-                    with spawner.using(self._zygote):
+                    with using(self._zygote):
                         ctx = multiprocessing.get_context("forkserver")
                         proc = ctx.Process(
                             target=serve,

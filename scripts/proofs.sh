@@ -6,8 +6,8 @@
 #
 #   bash scripts/proofs.sh [extra pytest args...]
 #
-# Writes proofs/junit.xml and proofs/result.txt (date, commit, counts), which the README's proof table
-# cites.  Exit status: pytest's.
+# Writes proofs/junit.xml and proofs/result.txt (date, commit, counts), which the manual's proof page
+# (docs/results/proofs.md) cites.  Exit status: pytest's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"

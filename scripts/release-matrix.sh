@@ -5,7 +5,8 @@
 # against the venv's torch), make one venv per release, install that wheel and this checkout, check
 # that deepspeed imports, run the whole suite against it with a JSON report (and the release's
 # expectations file when there is one), then render one Markdown table of contracts x releases into
-# the README between the release-matrix markers. A second run reuses the wheels and the venvs.
+# the manual's page docs/results/release-matrix.md between the release-matrix markers (failure messages:
+# docs/release-matrix.md). A second run reuses the wheels and the venvs.
 #
 # Usage: scripts/release-matrix.sh [RELEASE...]     (default: the releases below; with releases given,
 #        only those are built and run, and the table keeps the other columns from their last reports)
@@ -15,7 +16,7 @@
 #   ZERO3_MATRIX_OUT     JSON reports and run logs (default: reports/release-matrix in this checkout)
 #   ZERO3_MATRIX_PYTHON  interpreter the venvs are made from (default: python3)
 #   ZERO3_MATRIX_NICE    niceness of builds and suite runs (default: 15)
-#   ZERO3_MATRIX_RENDER  0 to skip rewriting the README (default: 1)
+#   ZERO3_MATRIX_RENDER  0 to skip rewriting the release-matrix pages (default: 1)
 #   ZERO3_MATRIX_SUITE   0 to only build the wheels and venvs (e.g. before `tox -e ds-X.Y.Z`)
 #   PYTEST_ADDOPTS       passed through to every suite run (e.g. "-n 2")
 #
@@ -145,6 +146,7 @@ for v in "${RELEASES[@]}"; do
 done
 echo "all releases in $((SECONDS - start)) s"
 if [ "${ZERO3_MATRIX_RENDER:-1}" != 0 ] && [ "${ZERO3_MATRIX_SUITE:-1}" != 0 ]; then
-    "$py" "$repo/scripts/render_matrix.py" --reports "$out" --readme "$repo/README.md" \
+    "$py" "$repo/scripts/render_matrix.py" --reports "$out" \
+        --page "$repo/docs/results/release-matrix.md" --details "$repo/docs/release-matrix.md" \
         $(printf '%s\n' "${ALL[@]}" "${RELEASES[@]}" | sort -u)
 fi

@@ -3,9 +3,10 @@
 Used by ``scripts/release-matrix.sh``; reads ``deepspeed-X.Y.Z.json`` (the report, schema
 ``pytest-zero3/report``: versions 3 and 4 are validated against ``pytest_zero3/report.schema.json``;
 versions 1 and 2 are read as they are, version 1 with the later outcome words) and ``deepspeed-X.Y.Z.status.json`` (torch used, exit status, or why
-the release could not run) from ``--reports``. Writes the table into the README between the
-``release-matrix`` markers and the failure messages into ``docs/release-matrix.md``, so that every
-FAIL in the table is one click from its message. Generated, never hand-edited: re-run the script.
+the release could not run) from ``--reports``. Writes the table into the manual's release-matrix page
+(``--page``, ``docs/results/release-matrix.md``) between the ``release-matrix`` markers, and the failure
+messages into ``--details`` (``docs/release-matrix.md``), so that every FAIL in the table is one click
+from its message. Generated, never hand-edited: re-run the script.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 from packaging.version import Version
 
 START, END = "<!-- release-matrix:start -->", "<!-- release-matrix:end -->"
-DETAILS = "docs/release-matrix.md"
 # A known failure is a FAIL of that release (the expectations file only names its reason).
 SHOWN = {
     "pass": "pass",
@@ -29,7 +29,7 @@ SHOWN = {
     "not_run": "not run",
     "world_error": "world error",  # the world did not form: no verdict on the contract
 }
-#: Shown with a link to the message in docs/release-matrix.md.
+#: Shown with a link to the message on the details page.
 LINKED = ("FAIL", "unsupported", "world error")
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "pytest_zero3", "report.schema.json")
 # Report schema 1 wrote these outcome words; schema 2 writes stable lowercase ones.
@@ -250,7 +250,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("releases", nargs="+")
     ap.add_argument("--reports", required=True)
-    ap.add_argument("--readme", required=True)
+    ap.add_argument("--page", required=True, help="the Markdown page whose release-matrix markers get the table")
+    ap.add_argument("--details", required=True, help="the Markdown page the failure messages are written to")
     args = ap.parse_args(argv)
     releases = sorted(args.releases, key=version_key)
     statuses, reports = {}, {}
@@ -258,20 +259,20 @@ def main(argv=None):
         statuses[v], rep = load(args.reports, v)
         if rep is not None:
             reports[v] = rep
-    table = render(releases, reports, statuses, DETAILS)
-    with open(args.readme) as fh:
-        readme = fh.read()
-    if START not in readme or END not in readme:
-        raise SystemExit(f"{args.readme}: add the lines {START} and {END} where the matrix goes.")
-    pre, rest = readme.split(START, 1)
+    link = os.path.relpath(os.path.abspath(args.details), os.path.dirname(os.path.abspath(args.page)))
+    table = render(releases, reports, statuses, link.replace(os.sep, "/"))
+    with open(args.page) as fh:
+        page = fh.read()
+    if START not in page or END not in page:
+        raise SystemExit(f"{args.page}: add the lines {START} and {END} where the matrix goes.")
+    pre, rest = page.split(START, 1)
     _, post = rest.split(END, 1)
-    with open(args.readme, "w") as fh:
+    with open(args.page, "w") as fh:
         fh.write(pre + START + "\n" + "\n".join(table) + "\n" + END + post)
-    path = os.path.join(os.path.dirname(os.path.abspath(args.readme)), DETAILS)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(args.details)), exist_ok=True)
+    with open(args.details, "w") as fh:
         fh.write("\n".join(details(releases, reports, statuses)) + "\n")
-    print(f"matrix of {len(releases)} releases written to {args.readme} and {path}")
+    print(f"matrix of {len(releases)} releases written to {args.page} and {args.details}")
 
 
 if __name__ == "__main__":

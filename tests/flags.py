@@ -1,7 +1,7 @@
 """The proof table: every known-bad coordinator, the bug it puts back, and the contract IDs that must flag it.
 
 One entry per coordinator in ``tests/bad_coordinators/``.  ``tests/test_flags.py`` runs the suite
-against each entry and checks the outcome; ``tests/readme.py`` renders the README's proof table from
+against each entry and checks the outcome; ``docs/gen.py`` renders the manual's proof table from
 the same entries.  To add a coordinator, add one :class:`Case`.
 """
 
@@ -21,7 +21,7 @@ def family(name: str, *, but: tuple = ()) -> frozenset[str]:
 @dataclasses.dataclass(frozen=True)
 class Case:
     coordinator: str  # "file.py:Class" in tests/bad_coordinators/
-    bug: str  # one line, for the README
+    bug: str  # one line, for the manual's proof table
     flagged: frozenset[str]  # must FAIL
     select: str  # --zero3-select of the run ("" = the whole suite)
     may_fail: frozenset[str] = frozenset()  # may FAIL too (their scenario exercises the same bug); nothing else may

@@ -9,8 +9,8 @@ proofs per entry, at two costs:
 * **only its own** (``--proofs``, ``scripts/proofs.sh``): the suite run on the entry's whole selection
   fails exactly the flagged IDs (plus only those listed as may-fail), runs every contract it selected,
   and passes at least one other contract.  One that fails for another contract's bug sends a developer
-  after the wrong fix.  30-110 s per entry on the 2-core box, so it runs apart, and the README's proof
-  table records its last result.
+  after the wrong fix.  30-110 s per entry on the 2-core box, so it runs apart, and the manual's proof
+  page (docs/results/proofs.md) records its last result.
 """
 
 import json

@@ -1,5 +1,6 @@
 """One contract registry (conformance/contracts.toml): every ID has a test, every marker is registered,
-the README's tables come from it, and the report lists registered contracts that did not run.
+and the report lists registered contracts that did not run (the manual's contract pages are generated
+from it: tests/test_docs.py).
 
 Cost: the registry checks read source files (milliseconds); three small pytester runs, no world.
 """
@@ -8,7 +9,6 @@ import ast
 import re
 
 import pytest
-import readme
 
 from conftest import ROOT
 from pytest_zero3 import registry
@@ -30,7 +30,7 @@ def markers_in_suite() -> dict:
 
 def test_every_registered_contract_has_a_test_and_every_marker_is_registered():
     """Why: a registered contract without a test is a promise nobody checks; a marker with an
-    unregistered ID is a contract the report, the README and --zero3-select cannot describe."""
+    unregistered ID is a contract the report, the manual and --zero3-select cannot describe."""
     known, used = registry.load(), markers_in_suite()
     assert known, "conformance/contracts.toml lists no contract"
     assert not sorted(set(known) - set(used)), (
@@ -47,14 +47,6 @@ def test_every_registered_contract_has_a_test_and_every_marker_is_registered():
     for cid, c in known.items():
         assert re.fullmatch(r"[0-9a-z]+-[a-z]", cid) and c.family == cid.split("-")[0], cid
         assert c.statement and c.source and c.min_world_size >= 1, cid
-
-
-def test_readme_tables_are_rendered_from_the_registry_and_the_flag_table():
-    """Why: hand-kept tables drift.  After changing contracts.toml or tests/flags.py run
-    `python tests/readme.py`."""
-    text = (ROOT / "README.md").read_text()
-    for name, make in readme.TABLES.items():
-        assert readme.section(text, name) == make(), f"README's {name} table is stale: run python tests/readme.py"
 
 
 @pytest.mark.parametrize(

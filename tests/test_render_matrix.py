@@ -1,8 +1,8 @@
 """The release-matrix renderer (scripts/render_matrix.py) on hand-made reports: no worlds, milliseconds.
 
-Checks what a reader of the README table relies on: a known failure shows as FAIL linked to its
-message, the first release whose outcome changed is named, a release that could not run is a column
-saying why, and only the marked block of the README is rewritten.
+Checks what a reader of the manual's release-matrix table relies on: a known failure shows as FAIL
+linked to its message, the first release whose outcome changed is named, a release that could not run
+is a column saying why, and only the marked block of the page is rewritten.
 """
 
 import importlib.util
@@ -20,6 +20,18 @@ def render():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _pages(root, text):
+    """The manual's layout: the table's page under docs/results/, the messages in docs/release-matrix.md."""
+    page = root / "docs" / "results" / "release-matrix.md"
+    page.parent.mkdir(parents=True)
+    page.write_text(text)
+    return page, root / "docs" / "release-matrix.md"
+
+
+def page_args(page, details):
+    return ["--page", str(page), "--details", str(details)]
 
 
 def _report(version, outcomes):
@@ -51,7 +63,7 @@ def _report(version, outcomes):
     )
 
 
-def test_matrix_in_readme_and_messages(render, tmp_path):
+def test_matrix_in_the_page_and_messages(render, tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()
     for v, outcomes in {
@@ -69,31 +81,31 @@ def test_matrix_in_readme_and_messages(render, tmp_path):
             dict(torch="2.13.0", default_torch="2.13.0", error="import deepspeed fails on torch 2.13.0: ImportError: x")
         )
     )
-    readme = tmp_path / "README.md"
-    readme.write_text("before\n<!-- release-matrix:start -->\nold table\n<!-- release-matrix:end -->\nafter\n")
+    page, details = _pages(
+        tmp_path, "before\n<!-- release-matrix:start -->\nold table\n<!-- release-matrix:end -->\nafter\n"
+    )
 
-    render.main(["0.19.10", "0.19.2", "0.15.4", "--reports", str(reports), "--readme", str(readme)])
+    render.main(["0.19.10", "0.19.2", "0.15.4", "--reports", str(reports), *page_args(page, details)])
 
-    text = readme.read_text()
+    text = page.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
     header = next(line for line in text.splitlines() if line.startswith("| contract"))
     # Version order, not string order; the release that did not run says why.
     assert header.index("0.15.4") < header.index("0.19.2") < header.index("0.19.10")
     assert "not run: import deepspeed fails on torch 2.13.0: ImportError: x" in header
     row = next(line for line in text.splitlines() if line.startswith("| `002-a`"))
-    assert "[FAIL](docs/release-matrix.md#ds-0-19-2-002-a)" in row and row.endswith("| 0.19.10: FAIL → pass |")
+    assert "[FAIL](../release-matrix.md#ds-0-19-2-002-a)" in row and row.endswith("| 0.19.10: FAIL → pass |")
     row = next(line for line in text.splitlines() if line.startswith("| `003-a`"))
     assert row.endswith("| same in every release |")
-    details = (tmp_path / "docs" / "release-matrix.md").read_text()
-    assert '<a id="ds-0-19-2-002-a"></a>' in details
-    assert "Known failure: listed reason" in details and "AssertionError: 002-a on 0.19.2" in details
+    messages = details.read_text()
+    assert '<a id="ds-0-19-2-002-a"></a>' in messages
+    assert "Known failure: listed reason" in messages and "AssertionError: 002-a on 0.19.2" in messages
 
 
-def test_readme_without_markers_names_the_fix(render, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("no markers\n")
+def test_page_without_markers_names_the_fix(render, tmp_path):
+    page, details = _pages(tmp_path, "no markers\n")
     with pytest.raises(SystemExit, match="release-matrix:start"):
-        render.main(["0.19.2", "--reports", str(tmp_path), "--readme", str(readme)])
+        render.main(["0.19.2", "--reports", str(tmp_path), *page_args(page, details)])
 
 
 def _v3(version, outcomes):
@@ -143,14 +155,12 @@ def test_version_3_is_validated_against_the_shipped_schema(render, tmp_path, mon
     for v, doc in {"0.19.8": good, "0.19.9": bad}.items():
         (reports / f"deepspeed-{v}.json").write_text(json.dumps(doc))
         (reports / f"deepspeed-{v}.status.json").write_text(json.dumps(dict(exit="0", expectations="x.toml")))
-    readme = tmp_path / "README.md"
-    readme.write_text("<!-- release-matrix:start -->\n<!-- release-matrix:end -->\n")
-    render.main(["0.19.8", "0.19.9", "--reports", str(reports), "--readme", str(readme)])
-    text = readme.read_text()
-    assert "[FAIL](docs/release-matrix.md#ds-0-19-8-001-a)" in text
+    page, details = _pages(tmp_path, "<!-- release-matrix:start -->\n<!-- release-matrix:end -->\n")
+    render.main(["0.19.8", "0.19.9", "--reports", str(reports), *page_args(page, details)])
+    text = page.read_text()
+    assert "[FAIL](../release-matrix.md#ds-0-19-8-001-a)" in text
     assert "0.19.9**<br>not run: report does not match its schema" in text
-    details = (tmp_path / "docs" / "release-matrix.md").read_text()
-    assert "Known failure: listed reason (expected cause: it matches 'on 0')" in details
+    assert "Known failure: listed reason (expected cause: it matches 'on 0')" in details.read_text()
 
 
 def test_the_plugin_writes_what_the_schema_says(render):

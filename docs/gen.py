@@ -1,0 +1,300 @@
+"""The manual's generated parts, made from their single sources at build time (nothing generated is committed).
+
+A page asks for a part with a line ``<!-- gen:NAME -->``; :func:`fill` replaces it with ``PARTS[NAME]()``.
+``docs/hooks.py`` calls :func:`fill` on every page while mkdocs builds (``tox -e docs``), and
+``tests/test_docs.py`` checks, without mkdocs, that every part renders and covers its source:
+
+* ``contracts``: every contract of ``conformance/contracts.toml``, by family, with the docstrings of the
+  tests that carry its ID (``conformance/test_*.py``) and of their module;
+* ``registry``: the registry as one table (ID, statement, source, ranks);
+* ``proofs``: the proof table, from ``tests/flags.py``;
+* ``options``: the option table, from ``pytest_zero3.options.OPTIONS``;
+* ``expectations``: the known failures of each release, from ``conformance/expectations/*.toml``;
+* ``bugs``: where the expectations files list each new DeepSpeed bug the suite found;
+* ``fork-ci``: the fork CI workflow, ``examples/fork-ci.yml``.
+
+Nothing here imports torch or deepspeed: the sources are read as text, TOML and Python syntax trees.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import inspect
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = re.compile(r"^<!-- gen:([a-z-]+) -->$", re.M)
+
+
+def _imports():
+    """This checkout's packages and ``tests/flags.py`` first on the path, as the tests have them."""
+    for p in (str(ROOT / "tests"), str(ROOT)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def _contracts() -> dict:
+    _imports()
+    from pytest_zero3 import registry
+
+    return registry.load(str(ROOT / "conformance" / "contracts.toml"))
+
+
+# Families in the order of the manual; a family not listed here comes after them, in name order.
+FAMILY_ORDER = ("000", "001", "002", "003", "004", "005", "rule", "zoo", "base")
+
+
+def _family_key(name: str):
+    return (FAMILY_ORDER.index(name), "") if name in FAMILY_ORDER else (len(FAMILY_ORDER), name)
+
+
+def _ranks(c) -> str:
+    return f"≥ {c.min_world_size}" if c.min_world_size > 1 else "any"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    """A code span that survives a table cell: a pipe in backticks would show its escaping backslash."""
+    if "|" not in text:
+        return f"`{text}`"
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
+
+
+def registry_table() -> str:
+    lines = ["| ID | statement | source | ranks |", "|---|---|---|---|"]
+    for c in sorted(_contracts().values(), key=lambda c: (_family_key(c.family), c.id)):
+        lines.append(f"| [{c.id}](#{anchor(c.id)}) | {_cell(c.statement)} | {_cell(c.source)} | {_ranks(c)} |")
+    return "\n".join(lines)
+
+
+def anchor(cid: str) -> str:
+    return "contract-" + cid
+
+
+def _marked_ids(node: ast.AST, named: dict) -> list:
+    """IDs of the zero3_contract marks in ``node`` (a decorator: direct, a module-level name, or in params)."""
+    ids = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "zero3_contract":
+            args = list(sub.args) + [k.value for k in sub.keywords if k.arg == "id"]
+            if args and isinstance(args[0], ast.Constant):
+                ids.append(args[0].value)
+        elif isinstance(sub, ast.Name) and sub.id in named:
+            ids.append(named[sub.id])
+    return ids
+
+
+def contract_tests() -> dict:
+    """``{id: [(file, test name, docstring, every ID the test carries)]}`` from ``conformance/test_*.py``,
+    and ``{file: module docstring}`` under the key ``None``."""
+    found: dict = {None: {}}
+    for path in sorted((ROOT / "conformance").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        found[None][path.name] = ast.get_docstring(tree) or ""
+        named = {}  # NAME = pytest.mark.zero3_contract("ID") at module level
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                ids = _marked_ids(node.value, {})
+                if len(ids) == 1:
+                    named[node.targets[0].id] = ids[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            ids = sorted({i for d in node.decorator_list for i in _marked_ids(d, named)})
+            for cid in ids:
+                found.setdefault(cid, []).append((path.name, node.name, ast.get_docstring(node) or "", ids))
+    return found
+
+
+_ROLE = re.compile(r":(?:mod|func|class|data|meth|attr|obj):`~?([^`]+)`")
+
+
+def prose(doc: str) -> str:
+    """A docstring as Markdown: paragraphs kept, lines of a paragraph joined (indentation in a docstring
+    is layout, not code), list items on lines of their own, Sphinx roles reduced to code."""
+    out = []
+    for para in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+        items: list = []
+        for line in para.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            if re.match(r"([*-]|\d+\.) ", line) or not items:
+                items.append(line)
+            else:
+                items[-1] += " " + line
+        text = "\n".join(items)
+        text = _ROLE.sub(lambda m: "``" + m.group(1) + "``", text)
+        if items and re.match(r"([*-]|\d+\.) ", items[0]):
+            text = "\n" + text  # a list needs a blank line before it
+        out.append(text)
+    return "\n\n".join(out)
+
+
+def contracts_page() -> str:
+    contracts, tests = _contracts(), contract_tests()
+    modules = tests.pop(None)
+    families: dict = {}
+    for c in contracts.values():
+        families.setdefault(c.family, []).append(c)
+    out = []
+    for fam in sorted(families, key=_family_key):
+        members = sorted(families[fam], key=lambda c: c.id)
+        out += [f"### Family `{fam}`", ""]
+        files = sorted({t[0] for c in members for t in tests.get(c.id, [])})
+        for name in files:
+            if modules.get(name):
+                out += [f"From `conformance/{name}`:", "", prose(modules[name]), ""]
+        shared = {}
+        for c in members:
+            out += [
+                f"#### {c.id} {{ #{anchor(c.id)} }}",
+                "",
+                f"{_cell(c.statement)}",
+                "",
+                f"*Source:* {c.source}. *Ranks:* {_ranks(c)}.",
+                "",
+            ]
+            for file, test, doc, ids in tests.get(c.id, []):
+                if len(ids) > 1:
+                    shared[(file, test)] = (doc, ids)
+                    out += [f"Test: `conformance/{file}::{test}` (judges {', '.join(ids)}; below).", ""]
+                else:
+                    out += [f"Test: `conformance/{file}::{test}`.", ""]
+                    if doc:
+                        out += [prose(doc), ""]
+        for (file, test), (doc, ids) in shared.items():
+            out += [f"#### `{test}`: {', '.join(ids)}", "", f"`conformance/{file}::{test}`.", ""]
+            if doc:
+                out += [prose(doc), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _cases():
+    _imports()
+    from flags import CASES
+
+    return CASES
+
+
+def proof_table() -> str:
+    lines = ["| coordinator | bug | flagged by |", "|---|---|---|"]
+    for case in _cases():
+        ids = ", ".join(sorted(case.flagged))
+        if case.may_fail:
+            ids += " (may also fail: " + ", ".join(sorted(case.may_fail - case.flagged)) + ")"
+        lines.append(f"| `{case.name}` | {_cell(case.bug)} | {ids} |")
+    return "\n".join(lines)
+
+
+def options_table() -> str:
+    _imports()
+    from pytest_zero3 import options
+
+    lines = ["| option | ini setting | default | meaning |", "|---|---|---|---|"]
+    for opt in options.OPTIONS:
+        flag = opt.flag if opt.switch else f"{opt.flag}={opt.metavar or '|'.join(opt.choices or ())}"
+        lines.append(f"| {_code(flag)} | `{opt.ini}` | {_default(opt.default)} | {_cell(opt.help)} |")
+    return "\n".join(lines)
+
+
+def _default(value) -> str:
+    if value in (None, ()):
+        return "(none)"
+    return f"`{','.join(value) if isinstance(value, tuple) else value}`"
+
+
+def _expectations() -> dict:
+    """``{release: {id: entry}}`` of every shipped expectations file, in release order."""
+    _imports()
+    from packaging.version import Version
+
+    from pytest_zero3._compat import tomllib
+
+    found = {}
+    for path in (ROOT / "conformance" / "expectations").glob("deepspeed-*.toml"):
+        with open(path, "rb") as fh:
+            table = tomllib.load(fh).get("expected_failures", {})
+        found[path.stem.removeprefix("deepspeed-")] = {
+            cid: e if isinstance(e, dict) else {"reason": e} for cid, e in table.items()
+        }
+    return dict(sorted(found.items(), key=lambda kv: Version(kv[0])))
+
+
+def expectations_page() -> str:
+    files = _expectations()
+    contracts = _contracts()
+    releases = list(files)
+    listed = sorted(
+        {cid for entries in files.values() for cid in entries},
+        key=lambda i: (_family_key(contracts[i].family) if i in contracts else (len(FAMILY_ORDER) + 1, ""), i),
+    )
+    out = [
+        "| contract | " + " | ".join(f"**{v}**" for v in releases) + " |",
+        "|---|" + "---|" * len(releases),
+    ]
+    for cid in listed:
+        cells = ["listed" if cid in files[v] else "" for v in releases]
+        out.append(f"| [{cid}](../reference/contracts.md#{anchor(cid)}) | " + " | ".join(cells) + " |")
+    out.append("| **listed** | " + " | ".join(str(len(files[v])) for v in releases) + " |")
+    out.append("")
+    for v in releases:
+        out += [f"### deepspeed {v}", "", f"`conformance/expectations/deepspeed-{v}.toml`:", ""]
+        out += ["| contract | reason | cause pinned |", "|---|---|---|"]
+        for cid, e in files[v].items():
+            pinned = "; ".join(f"{k} {_code(e[k])}" for k in ("raises", "match") if e.get(k)) or "any failure"
+            out.append(f"| {cid} | {_cell(e.get('reason', ''))} | {pinned} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def bugs_page() -> str:
+    """The entries whose reason names a new DeepSpeed bug, with the releases that list them."""
+    files = _expectations()
+    rows: dict = {}
+    for v, entries in files.items():
+        for cid, e in entries.items():
+            if "new DeepSpeed bug" in e.get("reason", ""):
+                rows.setdefault(cid, []).append(v)
+    lines = ["| contract | listed as a new DeepSpeed bug in the expectations of |", "|---|---|"]
+    for cid, releases in sorted(rows.items()):
+        lines.append(f"| [{cid}](../reference/contracts.md#{anchor(cid)}) | {', '.join(releases)} |")
+    return "\n".join(lines)
+
+
+def fork_ci() -> str:
+    """``examples/fork-ci.yml`` as it is, so the guide shows the workflow a fork copies."""
+    return "```yaml\n" + (ROOT / "examples" / "fork-ci.yml").read_text().rstrip("\n") + "\n```"
+
+
+PARTS = {
+    "contracts": contracts_page,
+    "registry": registry_table,
+    "proofs": proof_table,
+    "options": options_table,
+    "expectations": expectations_page,
+    "bugs": bugs_page,
+    "fork-ci": fork_ci,
+}
+
+
+def fill(markdown: str) -> str:
+    """``markdown`` with every ``<!-- gen:NAME -->`` line replaced by its part; an unknown NAME raises."""
+
+    def part(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in PARTS:
+            raise KeyError(f"<!-- gen:{name} -->: no such generated part; known: {', '.join(PARTS)}")
+        return PARTS[name]().rstrip("\n")
+
+    return MARK.sub(part, markdown)
+
+
+if __name__ == "__main__":  # python docs/gen.py NAME: print one part
+    print(PARTS[sys.argv[1]]())
