@@ -296,7 +296,8 @@ def gather(store, key: str, mine: RankOutcome, size: int, deadline: float, timeo
     """Every rank's outcome posted under ``key`` (``mine`` is this rank's), waiting until ``deadline``.
 
     Waits in slices of at most a second, so a SIGTERM from the launcher is acted on promptly (a
-    signal handler runs only between Python bytecodes, never inside the store's C++ wait).
+    signal handler runs only between Python bytecodes, never inside the store's C++ wait).  A rank
+    whose world did not form does not wait for ranks that never joined a world in this session.
     """
     got = {mine.rank: mine}
     while True:
@@ -306,6 +307,8 @@ def gather(store, key: str, mine: RankOutcome, size: int, deadline: float, timeo
         left = deadline - time.monotonic()
         if len(got) == size or left <= 0:
             break
+        if mine.status == UNFORMED and set(range(size)) - set(got) <= set(never_joined(store, size)):
+            break  # only ranks that never joined a world are missing: they have nothing to post
         missing = [f"{key}/{r}" for r in range(size) if r not in got]
         with contextlib.suppress(RuntimeError):  # DistStoreError: this slice ended without them
             store.wait(missing, datetime.timedelta(seconds=min(1.0, left)))
