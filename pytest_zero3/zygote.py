@@ -33,7 +33,7 @@ from pytest_zero3.rank import alive, die_with_parent
 
 #: Variables a zygote may differ in from its rank forkservers: nothing it imports reads them (torch
 #: reads TORCH_EXTENSIONS_DIR when it builds an op, deepspeed reads DS_ACCELERATOR, and the plugin
-#: sets both per deepspeed; COLUMNS and LINES are the terminal's size, which pytest-xdist sets in its
+#: sets them per session, DS_ACCELERATOR only where the user left it unset; COLUMNS and LINES are the terminal's size, which pytest-xdist sets in its
 #: workers).  Each rank forkserver takes its requester's whole environment (serve).
 LAZY_ENV = frozenset({"TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "COLUMNS", "LINES"})
 
