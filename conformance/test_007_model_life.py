@@ -1,0 +1,30 @@
+"""Family 007: the model's life around the engine, as the ecosystem lives it.
+
+Users attach modules after ``deepspeed.initialize``, load checkpoints with transformers'
+``from_pretrained`` while ZeRO-3 is active, add PEFT adapters to a bf16 base and train under autocast,
+and build models from class hierarchies of their own.  Each contract takes one of those paths with the
+libraries' own entry points and judges it by parity with a plain-torch twin (losses, every trainable
+param's gradient after every backward, final weights) and by the rule model over every hook event.
+Scenarios: :mod:`pytest_zero3.fixtures.family_007`.
+"""
+
+import pytest
+from pytest_zero3.fixtures import family_007 as f7
+
+
+def _assert_none(results, what):
+    problems = [line for rank in results for line in rank["problems"]]
+    if len(problems) > 20:
+        problems = problems[:20] + [f"... {len(problems) - 20} more"]
+    assert not problems, f"{what}:\n" + "\n".join(problems)
+
+
+@pytest.mark.zero3_contract("007-a")
+def test_module_attached_after_initialize(zero3_world):
+    """A module attached after ``deepspeed.initialize`` (a value head, an adapter) is a plain torch
+    module: DeepSpeed converted nothing of it and hooks nothing of it, and its forward runs inside a
+    hooked module's.  DeepSpeed's own unit test (``test_zero_late_module_attach.py``, issue 6961)
+    checks only that the first forward does not crash; this contract trains through it: every step
+    after the attach, the coordinator's fetches, releases and step-boundary clean-up must leave the
+    plain params alone and train the rest like plain torch."""
+    _assert_none(zero3_world.run(f7.late_attach), "a module attached after deepspeed.initialize")
