@@ -28,3 +28,14 @@ def test_module_attached_after_initialize(zero3_world):
     after the attach, the coordinator's fetches, releases and step-boundary clean-up must leave the
     plain params alone and train the rest like plain torch."""
     _assert_none(zero3_world.run(f7.late_attach), "a module attached after deepspeed.initialize")
+
+
+@pytest.mark.zero3_preload("transformers", "peft")
+@pytest.mark.zero3_contract("007-c")
+def test_peft_lora_bf16_base_under_autocast(zero3_world):
+    """PEFT fine-tuning as TRL and transformers set it up: a bf16 base, LoRA adapters that PEFT keeps in
+    fp32, the head in ``modules_to_save`` (a ``ModulesToSaveWrapper``, which delegates unknown
+    attributes to the module it wraps: DeepSpeed 0.17-0.19.7 gave it its child's backward-hook state and
+    raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
+    under bf16 autocast."""
+    _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")

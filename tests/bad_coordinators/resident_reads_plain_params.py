@@ -11,9 +11,8 @@ subtree and reads ``ds_status``, which a module attached after ``deepspeed.initi
 Contract that must flag it: **007-a**; every contract whose model is whole at ``initialize`` passes.
 """
 
-from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
+from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from pytest_zero3.reference_impl import ReferenceCoordinator
 
 
