@@ -39,3 +39,17 @@ def test_peft_lora_bf16_base_under_autocast(zero3_world):
     raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
     under bf16 autocast."""
     _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
+
+
+@pytest.mark.zero3_preload("transformers")
+@pytest.mark.zero3_contract("007-b")
+def test_from_pretrained_policy_and_reference(zero3_world, tmp_path):
+    """How transformers and TRL load a model under ZeRO-3: with ``HfDeepSpeedConfig`` alive,
+    ``from_pretrained`` builds the model under ``deepspeed.zero.Init`` and rank 0 loads each module's
+    weights inside ``GatheredParameters(modifier_rank=0)``; TRL then loads the reference model the same
+    way a second time and wraps it in a frozen evaluation engine.  The class is
+    ``LlamaForSequenceClassification``, which has no ``__init__`` of its own and a non-Module mixin first
+    among its bases: DeepSpeed before PR 7566 restored the wrong ``__init__`` on it when a ``zero.Init``
+    context closed, so the second load built a model without its layers."""
+    results = zero3_world.run(f7.from_pretrained_pair, str(tmp_path / "checkpoint"))
+    _assert_none(results, "from_pretrained under ZeRO-3 (policy and reference copy)")
