@@ -30,17 +30,6 @@ def test_module_attached_after_initialize(zero3_world):
     _assert_none(zero3_world.run(f7.late_attach), "a module attached after deepspeed.initialize")
 
 
-@pytest.mark.zero3_preload("transformers", "peft")
-@pytest.mark.zero3_contract("007-c")
-def test_peft_lora_bf16_base_under_autocast(zero3_world):
-    """PEFT fine-tuning as TRL and transformers set it up: a bf16 base, LoRA adapters that PEFT keeps in
-    fp32, the head in ``modules_to_save`` (a ``ModulesToSaveWrapper``, which delegates unknown
-    attributes to the module it wraps: DeepSpeed 0.17-0.19.7 gave it its child's backward-hook state and
-    raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
-    under bf16 autocast."""
-    _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
-
-
 @pytest.mark.zero3_preload("transformers")
 @pytest.mark.zero3_contract("007-b")
 def test_from_pretrained_policy_and_reference(zero3_world, tmp_path):
@@ -49,7 +38,18 @@ def test_from_pretrained_policy_and_reference(zero3_world, tmp_path):
     weights inside ``GatheredParameters(modifier_rank=0)``; TRL then loads the reference model the same
     way a second time and wraps it in a frozen evaluation engine.  The class is
     ``LlamaForSequenceClassification``, which has no ``__init__`` of its own and a non-Module mixin first
-    among its bases: DeepSpeed before PR 7566 restored the wrong ``__init__`` on it when a ``zero.Init``
+    among its bases: DeepSpeed before 0.17.6 (PR 7566) restored the wrong ``__init__`` on it when a ``zero.Init``
     context closed, so the second load built a model without its layers."""
     results = zero3_world.run(f7.from_pretrained_pair, str(tmp_path / "checkpoint"))
     _assert_none(results, "from_pretrained under ZeRO-3 (policy and reference copy)")
+
+
+@pytest.mark.zero3_preload("transformers", "peft")
+@pytest.mark.zero3_contract("007-c")
+def test_peft_lora_bf16_base_under_autocast(zero3_world):
+    """PEFT fine-tuning as TRL and transformers set it up: a bf16 base, LoRA adapters that PEFT keeps in
+    fp32, the head in ``modules_to_save`` (a ``ModulesToSaveWrapper``, which delegates unknown
+    attributes to the module it wraps: DeepSpeed before 0.19.3 gave it its child's backward-hook state and
+    raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
+    under bf16 autocast."""
+    _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
