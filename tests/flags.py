@@ -310,3 +310,15 @@ CASES = (
         extra=ANCHORS_ONLY,
     ),
 )
+
+# family 007 (the model's life around the engine); the forks of 007's other contracts: tests/test_flags_007.py
+CASES += (
+    Case(
+        "resident_reads_plain_params.py:ResidentReadsPlainParams",
+        "the resident-param count reads `ds_status` of every param, also of a module attached after "
+        "`deepspeed.initialize` (the reference before 007-a; DeepSpeed's test_zero_late_module_attach.py)",
+        frozenset({"007-a"}),
+        COORDINATOR_FAMILIES + ",007",
+        extra=ANCHORS_ONLY,
+    ),
+)
