@@ -309,4 +309,17 @@ CASES = (
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
     ),
+    # family 006 (cost in counts): each bug leaves every fetch, release and number as the reference's
+    Case(
+        "checks_every_pass.py:ChecksEveryPass",
+        "cross-rank order check at every step over every pass so far (a history never trimmed)",
+        frozenset({"006-a"}),
+        "006",
+    ),
+    Case(
+        "release_scan_uncached.py:ReleaseScanUncached",
+        "release sets recomputed at every release: each scans the trace up to the next use",
+        frozenset({"006-b"}),
+        "006",
+    ),
 )
