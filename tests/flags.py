@@ -317,6 +317,13 @@ CASES = (
         "006",
     ),
     Case(
+        "releases_prefetched.py:ReleasesPrefetched",
+        "every release also partitions the params prefetched for later modules (a refetch storm)",
+        frozenset({"006-a"}),
+        "006",
+        may_fail=frozenset({"006-b"}),  # each refetch walks the rest of the trace: work per pass grows too
+    ),
+    Case(
         "release_scan_uncached.py:ReleaseScanUncached",
         "release sets recomputed at every release: each scans the trace up to the next use",
         frozenset({"006-b"}),
