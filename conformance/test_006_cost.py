@@ -18,12 +18,12 @@ def _assert_none(problems, what):
 @pytest.mark.zero3_contract("006-a")
 def test_collectives_per_step(zero3_world):
     """Collectives are counted at deepspeed.comm's backend, by kind, over forward, backward and
-    ``step()``: the all-gathers of params, the gradients' reduce-scatters, the all-reduces of the
-    optimizer step, and anything else a fork adds.  The first step records the trace and the second
-    completes it (with a cross-rank check of the order); from then on nothing about the step changes,
-    so neither may its collectives.  A count that grows step by step is the slowdown users meet late
-    in a run.  The elements all-gathered per step are bounded by twice the params (each gathered whole
-for forward and again for backward at most); more is a refetch storm."""
+        ``step()``: the all-gathers of params, the gradients' reduce-scatters, the all-reduces of the
+        optimizer step, and anything else a fork adds.  The first step records the trace and the second
+        completes it (with a cross-rank check of the order); from then on nothing about the step changes,
+        so neither may its collectives.  A count that grows step by step is the slowdown users meet late
+        in a run.  The elements all-gathered per step are bounded by twice the params (each gathered whole
+    for forward and again for backward at most); more is a refetch storm."""
     problems = []
     for distance in (None, 0):
         zero = None if distance is None else {"stage3_max_reuse_distance": distance}
