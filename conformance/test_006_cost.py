@@ -57,3 +57,19 @@ def test_hooks_through_rewraps(zero3_world):
     sees; three cycles show what accumulates only from the second re-wrap on."""
     results = zero3_world.run(f6.rewrap_hooks)
     _assert_none([f"rank {r}: {line}" for r, res in enumerate(results) for line in res["problems"]], "hooks")
+
+
+@pytest.mark.zero3_contract("006-d")
+def test_hook_calls_in_checkpointed_blocks(zero3_world):
+    """DeepSpeed releases a module's params in its post-backward hook, which fires when the module's
+    count of pending gradients (``ds_grads_remaining``, reset at every forward, recomputes included)
+    returns to zero.  If the hook stops firing, the end-of-backward clean-up releases the params
+    anyway: every weight is right, every param is partitioned after the step, and the params of
+    every checkpointed block stay gathered through the rest of backward.  Counted at DeepSpeed's four
+    hook functions per module and step, with the blocks checkpointed non-reentrant and reentrant."""
+    problems = []
+    for rank, runs in enumerate(zero3_world.run(f6.hook_call_runs, (False, True))):
+        for reentrant, result in zip((False, True), runs):
+            label = f"rank {rank}, {'reentrant' if reentrant else 'non-reentrant'} checkpointing"
+            problems += f6.hook_call_problems(label, result)
+    _assert_none(problems, "hook calls per step")

@@ -4,7 +4,9 @@ Each fork is the installed deepspeed copied (``tests/forks.py``) with one edit t
 number right and costs more per step: DeepSpeed PR 7886 undone (every gradient hook re-counts the
 params the running backward reaches, walking them all: PR 7780's regression, issues 7882 and 7885),
 stock's release-set ``lru_cache`` removed with nothing in its place (each release rescans the
-trace), and ``destroy()`` that forgets the z3 leaf modules' backward hooks.  Run with
+trace), ``destroy()`` that forgets the z3 leaf modules' backward hooks, and a module's pending-gradient
+count initialised once instead of at every forward (after a checkpoint recompute the post-backward
+release never fires; the end-of-backward clean-up hides it from every other contract).  Run with
 ``--zero3-impl=DIR`` on family 006, each must FAIL the contract written for its bug.
 
 Every run checks that each fork but :data:`PROOF_ONLY` fails its contract (one contract per run);
@@ -41,6 +43,18 @@ COST_BUGS = {
         "        for hook in self._leaf_module_hooks:\n            hook.remove()\n",
         "",
         "destroy() leaves the z3 leaf modules' backward hooks",
+    ),
+    # a module's count of pending gradients initialised once instead of reset at every forward: after
+    # a checkpoint recompute it never returns to zero, so the post-backward release of every
+    # checkpointed module stops firing and the end-of-backward clean-up releases their params instead
+    "grads_remaining_never_reset": (
+        "006-d",
+        "runtime/zero/parameter_offload.py",
+        "        def _post_backward_module_hook(module, inputs):\n            module.ds_grads_remaining = 0\n",
+        "        def _post_backward_module_hook(module, inputs):\n"
+        '            if "ds_grads_remaining" not in module.__dict__:\n'
+        "                module.ds_grads_remaining = 0\n",
+        "post-backward release of checkpointed modules never fires (ds_grads_remaining not reset per forward)",
     ),
 }
 
