@@ -37,7 +37,7 @@ def test_collectives_per_step(zero3_world):
 def test_python_work_linear(zero3_world):
     """The Python lines DeepSpeed and the coordinator execute in one forward, one backward and one
     ``step()`` of a chain of 24 and of 48 Linear(4, 4) layers (48 and 96 params), on a complete trace
-    after three warm-up steps.  Linear work with a fixed part grows less than twice; a per-param hook
+    after two warm-up steps.  Linear work with a fixed part grows less than twice; a per-param hook
     that walks every param (DeepSpeed PR 7780, fixed by PR 7886), or a release that rescans the trace
     each time, grows toward four times.  Lines, not seconds: the count is the same on a loaded runner."""
     problems = []
