@@ -2,8 +2,10 @@
 
 A fork whose results are right but that does more work every step passes every other contract:
 users find it weeks later in their step time.  These contracts count that work in units that do not
-depend on the machine's speed or load (collectives issued, Python lines executed, hooks registered),
-so they hold on a busy CI runner.  Scenarios: :mod:`pytest_zero3.fixtures.family_006`.
+depend on the machine's speed or load (collectives issued and elements all-gathered, Python lines
+executed, hooks registered, hook calls made), so they hold on a busy CI runner.  Each has a
+known-bad implementation that the rest of the suite lets through: tests/flags.py (coordinators) and
+tests/test_flags_006.py (DeepSpeed forks).  Scenarios: :mod:`pytest_zero3.fixtures.family_006`.
 """
 
 import pytest
