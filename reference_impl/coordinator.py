@@ -52,12 +52,12 @@ from deepspeed.runtime.zero.partition_parameters import (
     AllGatherCoalescedHandle,
     ZeroParamStatus,
 )
-from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry, iter_params
+from deepspeed.runtime.zero.partitioned_param_coordinator import InflightParamRegistry
 from deepspeed.utils import logger, z3_leaf_module
 from torch.nn import Module, Parameter
 
 from .adaptive import AdaptivePrefetchBucket
-from .trace import Trace, module_param_set, module_params
+from .trace import Trace, module_param_set, module_params, zero_params
 
 DEFAULT_ADAPTIVE_MAX = int(1e9)
 MAX_ONGOING_FETCH_EVENTS = 2  # bound on queued all-gathers where the device has no back-pressure
@@ -547,7 +547,8 @@ class ReferenceCoordinator:
     @_no_grad
     def release_and_reset_all(self, module: Module) -> None:
         """Partition every parameter under ``module`` and drop all claims (step boundary)."""
-        for param in iter_params(module, recurse=True):
+        params = zero_params(module)
+        for param in params:
             handle = self._registry.pop(param, None)
             if handle is not None:
                 handle.wait()
@@ -558,7 +559,7 @@ class ReferenceCoordinator:
             if getattr(sub, "ds_recompute_parameters", None):
                 sub.ds_recompute_parameters.clear()
         self._active_backward.clear()
-        for param in iter_params(module, recurse=True):
+        for param in params:
             if param.ds_status != _NOT_AVAILABLE and not held_by_gathered_parameters(param):
                 raise RuntimeError(f"{param.ds_summary()} expected to be released")
 
@@ -570,8 +571,9 @@ class ReferenceCoordinator:
     def _count_resident(self, root: Module) -> None:
         """Count params gathered outside the coordinator as live: stage 3 re-gathers the persistent params
         after each optimizer step, and they are as resident as the ones fetched here
-        (``stage3_max_live_parameters``: "the maximum number of parameters resident per GPU")."""
-        for param in iter_params(root, recurse=True):
+        (``stage3_max_live_parameters``: "the maximum number of parameters resident per GPU").  Only ZeRO-3
+        params: a module attached after ``deepspeed.initialize`` keeps plain tensors, never gathered."""
+        for param in zero_params(root):
             if param.ds_status != _NOT_AVAILABLE and param not in self._live:
                 self._live[param] = None
                 self._live_numel += param.ds_numel

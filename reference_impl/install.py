@@ -15,7 +15,9 @@
   root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
   early-stopped checkpoint recomputes pushed and never popped;
 * ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
-  param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it);
+  param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it), and
+  skips plain params (a module attached after ``deepspeed.initialize``: stock reads their missing
+  ``ds_status`` and raises at the first optimizer step);
 * ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
   (:mod:`pytest_zero3.reference_impl.checkpoint`);
 * ``DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks``: a z3 leaf module fed an input
@@ -43,6 +45,7 @@ from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
 from .leaf import create_hooks_with_grad_alias
+from .trace import zero_params
 
 _saved = {}  # original objects while installed; empty when not installed
 
@@ -174,12 +177,12 @@ def _offload_release_backward_leftovers(original):
 
 
 def _offload_partition_all_parameters(self):
-    """DeepSpeed's, except that a param held by an open ``GatheredParameters`` may stay gathered."""
+    """DeepSpeed's, except that a param held by an open ``GatheredParameters`` may stay gathered, and a
+    plain param (of a module attached after ``deepspeed.initialize``, contract 007-a) is not checked."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-    from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 
     self.get_param_coordinator().release_and_reset_all(self.module)
-    for param in iter_params(self.module, recurse=True):
+    for param in zero_params(self.module):
         if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and not held_by_gathered_parameters(param):
             raise RuntimeError(f"{param.ds_summary()} expected to be released")
 

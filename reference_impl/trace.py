@@ -19,17 +19,27 @@ from deepspeed.utils import z3_leaf_module
 from torch.nn import Module, Parameter
 
 
+def zero_params(module: Module) -> list[Parameter]:
+    """Every ZeRO-3 param under ``module`` (its subtree and its external params).  A param DeepSpeed
+    never converted, such as one of a module attached after ``deepspeed.initialize``, is a plain
+    torch tensor that no hook of stock's fetches: it is not the coordinator's, which never reads or
+    moves it (contract 007-a)."""
+    return [p for p in iter_params(module, recurse=True) if hasattr(p, "ds_id")]
+
+
 def module_params(module: Module) -> list[Parameter]:
     """Parameters a module's hooks fetch and release: its own (plus external ones), and, for a z3
-    leaf module, those of its whole subtree, since no hook fires below a leaf."""
-    return list(iter_params(module, recurse=z3_leaf_module(module)))
+    leaf module, the ZeRO-3 params of its whole subtree, since no hook fires below a leaf."""
+    if z3_leaf_module(module):
+        return zero_params(module)
+    return list(iter_params(module, recurse=False))
 
 
 def module_param_set(module: Module, is_leaf: bool) -> set[Parameter]:
     """``set(module_params(module))`` without ``named_parameters``' generator machinery: read on
     every fetch, so it is kept to two dict walks for a non-leaf module."""
     if is_leaf:
-        return set(iter_params(module, recurse=True))
+        return set(zero_params(module))
     params = {p for p in module._parameters.values() if p is not None}
     external = getattr(module, "_external_params", None)
     if external:

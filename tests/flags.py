@@ -309,4 +309,39 @@ CASES = (
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
     ),
+    # family 006 (cost in counts): the bug leaves every fetch, release and number as the reference's, so
+    # every other contract passes (measured: 000, 001, 002, base, rule on its anchors and 005 too)
+    Case(
+        "checks_every_pass.py:ChecksEveryPass",
+        "cross-rank order check at every step over every pass so far (a history never trimmed)",
+        frozenset({"006-a"}),
+        COORDINATOR_FAMILIES + ",006",
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "releases_prefetched.py:ReleasesPrefetched",
+        "every release also partitions the params prefetched for later modules (a refetch storm)",
+        frozenset({"006-a"}),
+        "006",
+        may_fail=frozenset({"006-b"}),  # each refetch walks the rest of the trace: work per pass grows too
+    ),
+    Case(
+        "release_scan_uncached.py:ReleaseScanUncached",
+        "release sets recomputed at every release: each scans the trace up to the next use",
+        frozenset({"006-b"}),
+        COORDINATOR_FAMILIES + ",006",
+        extra=ANCHORS_ONLY,
+    ),
+)
+
+# family 007 (the model's life around the engine); the forks of 007's other contracts: tests/test_flags_007.py
+CASES += (
+    Case(
+        "resident_reads_plain_params.py:ResidentReadsPlainParams",
+        "the resident-param count reads `ds_status` of every param, also of a module attached after "
+        "`deepspeed.initialize` (the reference before 007-a; DeepSpeed's test_zero_late_module_attach.py)",
+        frozenset({"007-a"}),
+        COORDINATOR_FAMILIES + ",007",
+        extra=ANCHORS_ONLY,
+    ),
 )

@@ -123,3 +123,12 @@ def test_manual_links_point_to_files():
         base = (DOCS / name).parent
         for target in _relative_links(text):
             assert (base / target).exists(), f"docs/{name} links to {target}, which does not exist"
+
+
+def test_every_family_has_a_row_on_the_front_page_and_the_contracts_page():
+    """Why: the family tables are written by hand (a sentence per family), so a new family must be
+    added to both; this is the check that it was."""
+    families = {c.family for c in registry.load(str(ROOT / "conformance" / "contracts.toml")).values()}
+    for path in (ROOT / "README.md", DOCS / "reference" / "contracts.md"):
+        rows = set(re.findall(r"^\| `([\w-]+)` \|", path.read_text(), re.M))
+        assert families <= rows, f"{path.name}: no family row for {sorted(families - rows)}"

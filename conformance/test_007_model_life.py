@@ -1,0 +1,55 @@
+"""Family 007: the model's life around the engine, as the ecosystem lives it.
+
+Users attach modules after ``deepspeed.initialize``, load checkpoints with transformers'
+``from_pretrained`` while ZeRO-3 is active, add PEFT adapters to a bf16 base and train under autocast,
+and build models from class hierarchies of their own.  Each contract takes one of those paths with the
+libraries' own entry points and judges it by parity with a plain-torch twin (losses, every trainable
+param's gradient after every backward, final weights) and by the rule model over every hook event.
+Scenarios: :mod:`pytest_zero3.fixtures.family_007`.
+"""
+
+import pytest
+from pytest_zero3.fixtures import family_007 as f7
+
+
+def _assert_none(results, what):
+    problems = [line for rank in results for line in rank["problems"]]
+    if len(problems) > 20:
+        problems = problems[:20] + [f"... {len(problems) - 20} more"]
+    assert not problems, f"{what}:\n" + "\n".join(problems)
+
+
+@pytest.mark.zero3_contract("007-a")
+def test_module_attached_after_initialize(zero3_world):
+    """A module attached after ``deepspeed.initialize`` (a value head, an adapter) is a plain torch
+    module: DeepSpeed converted nothing of it and hooks nothing of it, and its forward runs inside a
+    hooked module's.  DeepSpeed's own unit test (``test_zero_late_module_attach.py``, issue 6961)
+    checks only that the first forward does not crash; this contract trains through it: every step
+    after the attach, the coordinator's fetches, releases and step-boundary clean-up must leave the
+    plain params alone and train the rest like plain torch."""
+    _assert_none(zero3_world.run(f7.late_attach), "a module attached after deepspeed.initialize")
+
+
+@pytest.mark.zero3_preload("transformers")
+@pytest.mark.zero3_contract("007-b")
+def test_from_pretrained_policy_and_reference(zero3_world, tmp_path):
+    """How transformers and TRL load a model under ZeRO-3: with ``HfDeepSpeedConfig`` alive,
+    ``from_pretrained`` builds the model under ``deepspeed.zero.Init`` and rank 0 loads each module's
+    weights inside ``GatheredParameters(modifier_rank=0)``; TRL then loads the reference model the same
+    way a second time and wraps it in a frozen evaluation engine.  The class is
+    ``LlamaForSequenceClassification``, which has no ``__init__`` of its own and a non-Module mixin first
+    among its bases: DeepSpeed before 0.17.6 (PR 7566) restored the wrong ``__init__`` on it when a ``zero.Init``
+    context closed, so the second load built a model without its layers."""
+    results = zero3_world.run(f7.from_pretrained_pair, str(tmp_path / "checkpoint"))
+    _assert_none(results, "from_pretrained under ZeRO-3 (policy and reference copy)")
+
+
+@pytest.mark.zero3_preload("transformers", "peft")
+@pytest.mark.zero3_contract("007-c")
+def test_peft_lora_bf16_base_under_autocast(zero3_world):
+    """PEFT fine-tuning as TRL and transformers set it up: a bf16 base, LoRA adapters that PEFT keeps in
+    fp32, the head in ``modules_to_save`` (a ``ModulesToSaveWrapper``, which delegates unknown
+    attributes to the module it wraps: DeepSpeed before 0.19.3 gave it its child's backward-hook state and
+    raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
+    under bf16 autocast."""
+    _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
