@@ -41,7 +41,9 @@ def pytest_generate_tests(metafunc):
     for name in names:
         if not profiles.applies(name, cid):
             continue
-        marks = [pytest.mark.zero3_preload(CPU_ADAM_PRELOAD)] if profiles.cpu_adam(profiles.PROFILES[name].overlay) else []
+        marks = (
+            [pytest.mark.zero3_preload(CPU_ADAM_PRELOAD)] if profiles.cpu_adam(profiles.PROFILES[name].overlay) else []
+        )
         params.append(pytest.param(name, id=name, marks=marks))
     if not params:
         params = [pytest.param(None, id="no-profile", marks=pytest.mark.zero3_no_profile)]
