@@ -67,6 +67,9 @@ def test_reference_green_under_precision_and_offloads(run_suite, tmp_path):
         "zero_optimization.offload_param.device": "cpu",
     }, overlay
     assert f"config overlay: {path}; changed: bf16.enabled=true" in run.stdout, run.stdout[-3000:]
+    from test_report import render_matrix
+
+    assert render_matrix().validate(run.report, render_matrix().schema()) == []
 
 
 def test_reference_green_under_communication_knobs(run_suite, tmp_path):
