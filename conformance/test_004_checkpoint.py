@@ -26,7 +26,12 @@ def test_checkpoint_resume_is_exact(zero3_world, tmp_path):
     """The engine checkpoint is the resume path: anything it loses shows as a different next loss."""
     result = zero3_world.run(f004.resume_round_trip, str(tmp_path / "ckpt"))[0]
     _assert_no_problems(result, "the loaded engine differs from the one that saved")
-    assert result["resumed"] == result["uninterrupted"], (
+    want = result["uninterrupted"]
+    if profiles.cpu_adam(profiles.effective()):
+        # DeepSpeedCPUAdam computes beta**step by repeated products while it runs and by pow() when its
+        # step jumps (a resumed engine): float rounding, about 1e-7 relative, on every later update
+        want = pytest.approx(want, rel=profiles.TOLERANCE["fp32"][0], abs=0)
+    assert result["resumed"] == want, (
         f"losses after resuming {result['resumed']} != uninterrupted run {result['uninterrupted']}"
     )
 
