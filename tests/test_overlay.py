@@ -57,8 +57,8 @@ def test_reference_green_under_precision_and_offloads(run_suite, tmp_path):
     """bf16 with both offloads: parity against plain torch under bf16 autocast, the dtype's
     tolerance; a checkpoint's fp32 masters against the bf16 weights they round to; the table and the
     JSON name the file and what it changed (DeepSpeedCPUAdam included), also under -q."""
-    path = _overlay(tmp_path, PRECISION_OFFLOAD)
-    run = run_suite("reference", "base-a,base-e,005-e", f"--zero3-config={path}", "-q")
+    path, md = _overlay(tmp_path, PRECISION_OFFLOAD), tmp_path / "summary.md"
+    run = run_suite("reference", "base-a,base-e,005-e", f"--zero3-config={path}", f"--zero3-report-md={md}", "-q")
     _green(run, {"base-a", "005-e"}, skipped={"base-e": "bf16.enabled"})
     overlay = run.report["implementation"]["config_overlay"]
     assert overlay["file"] == path and overlay["effective"] == {
@@ -68,6 +68,7 @@ def test_reference_green_under_precision_and_offloads(run_suite, tmp_path):
         "zero_optimization.offload_param.device": "cpu",
     }, overlay
     assert f"config overlay: {path}; changed: bf16.enabled=true" in run.stdout, run.stdout[-3000:]
+    assert f"Config overlay `{path}`; changed: `bf16.enabled=true`" in md.read_text(), md.read_text()[:2000]
     spec = importlib.util.spec_from_file_location("render_matrix", ROOT / "scripts" / "render_matrix.py")
     schema = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(schema)
