@@ -14,7 +14,8 @@ from pytest_zero3.fixtures import profiles
 from pytest_zero3 import accel, options
 from pytest_zero3.scenario import Unsupported
 
-#: Added to a bf16-offload test: the forkserver imports it, building DeepSpeedCPUAdam there once (under
+#: Added to a test whose config steps DeepSpeedCPUAdam (the bf16-offload profile, or a --zero3-config that
+#: offloads the optimizer): the forkserver imports it, building DeepSpeedCPUAdam there once (under
 #: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.
 CPU_ADAM_PRELOAD = "pytest_zero3.fixtures.cpu_adam_op"
 
@@ -41,11 +42,20 @@ def pytest_generate_tests(metafunc):
     for name in names:
         if not profiles.applies(name, cid):
             continue
-        marks = [pytest.mark.zero3_preload(CPU_ADAM_PRELOAD)] if name == "bf16-offload" else []
+        marks = (
+            [pytest.mark.zero3_preload(CPU_ADAM_PRELOAD)] if profiles.cpu_adam(profiles.PROFILES[name].overlay) else []
+        )
         params.append(pytest.param(name, id=name, marks=marks))
     if not params:
         params = [pytest.param(None, id="no-profile", marks=pytest.mark.zero3_no_profile)]
     metafunc.parametrize("zero3_profile", params, indirect=True)
+
+
+def pytest_itemcollected(item):
+    """A --zero3-config that offloads the optimizer: every contract may step DeepSpeedCPUAdam."""
+    settings = options.settings(item.config)
+    if "zero3_world" in getattr(item, "fixturenames", ()) and profiles.cpu_adam(profiles.config_overlay(settings)):
+        item.add_marker(pytest.mark.zero3_preload(CPU_ADAM_PRELOAD))
 
 
 def pytest_configure(config):
@@ -74,7 +84,10 @@ def zero3_world(zero3_world, zero3_profile, request):
     world = zero3_world
     if profile.min_world_size > getattr(world, "size", profile.min_world_size) and hasattr(world, "resized"):
         world = world.resized(profile.min_world_size) or world  # short of devices: the rank says so
-    return ProfileWorld(world, zero3_profile, profiles.config_overlay(settings))
+    user = profiles.config_overlay(settings)
+    profiles.activate(zero3_profile, user, getattr(world, "size", settings.world_size))  # the test's side
+    yield ProfileWorld(world, zero3_profile, user)
+    profiles.activate(profiles.DEFAULT, {})
 
 
 class ProfileWorld:

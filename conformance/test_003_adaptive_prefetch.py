@@ -15,7 +15,8 @@ Observation surface (the smallest that works on any implementation; see fixtures
 * **config keys** at ``deepspeed.initialize``: all contracts.  Rejected as unknown keys → unsupported.
 * **all-gathers issued**, per rank and step (output numel of each ``torch.distributed``
   all-gather, recorded by wrapping the function inside the rank before the first engine; deepspeed.comm
-  captures it at ``init_distributed``).  Each is compared across ranks *before* it is issued, so a
+  captures it at ``init_distributed``; under ``stage3_use_all_reduce_for_fetch_params`` the
+  all-reduces that fetch params instead, counted the same way).  Each is compared across ranks *before* it is issued, so a
   divergence fails with both sequences rather than hanging.  Needs nothing from the coordinator.
   003-a needs only the keys; the real-delay case of 003-b needs only the keys and this log.
 * **optional** ``coordinator.prefetch_bucket_size`` (int: the size the next prefetch uses), read at each

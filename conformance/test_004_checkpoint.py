@@ -12,6 +12,7 @@ import importlib.util
 
 import pytest
 from pytest_zero3.fixtures import family_004 as f004
+from pytest_zero3.fixtures import profiles
 
 
 def _assert_no_problems(result, what):
@@ -25,7 +26,12 @@ def test_checkpoint_resume_is_exact(zero3_world, tmp_path):
     """The engine checkpoint is the resume path: anything it loses shows as a different next loss."""
     result = zero3_world.run(f004.resume_round_trip, str(tmp_path / "ckpt"))[0]
     _assert_no_problems(result, "the loaded engine differs from the one that saved")
-    assert result["resumed"] == result["uninterrupted"], (
+    want = result["uninterrupted"]
+    if profiles.cpu_adam(profiles.effective()):
+        # DeepSpeedCPUAdam computes beta**step by repeated products while it runs and by pow() when its
+        # step jumps (a resumed engine): float rounding, about 1e-7 relative, on every later update
+        want = pytest.approx(want, rel=profiles.TOLERANCE["fp32"][0], abs=0)
+    assert result["resumed"] == want, (
         f"losses after resuming {result['resumed']} != uninterrupted run {result['uninterrupted']}"
     )
 
@@ -108,7 +114,8 @@ def test_checkpoint_loads_at_another_world_size(zero3_world, tmp_path):
     for size in (1, 3):
         got = _resized(zero3_world, size).run(f004.load_resharded, root, saved["trained"])[0]
         problems += [f"world size {size}, universal checkpoint: {p}" for p in got["universal"]]
-        if got["losses"] != pytest.approx(saved["continued"], rel=1e-5, abs=1e-7):
+        rel, abs_ = profiles.tolerance((1e-5, 1e-7))  # bf16/fp16: reduction order differs by the dtype's rounding
+        if got["losses"] != pytest.approx(saved["continued"], rel=rel, abs=abs_):
             problems.append(
                 f"world size {size}: losses after the universal load {got['losses']} != the uninterrupted "
                 f"run at world size 2 {saved['continued']} (same global batch): optimizer state or "

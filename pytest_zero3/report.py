@@ -315,6 +315,12 @@ class Report:
             f"coordinator: {info.get('coordinator', '?')}; torch {info.get('torch')}; "
             f"accelerator {info.get('accelerator', '?')}; backend {info['backend']}; world size {info['world_size']}"
         )
+        if self.settings.profile != ("fp32",):
+            tr.write_line(f"profiles: {', '.join(self.settings.profile)}")
+        if self.settings.config:
+            from pytest_zero3.fixtures import profiles
+
+            tr.write_line(profiles.summary_line(self.settings))
         warning = impl.base_warning(self.settings.spec)
         if warning:
             tr.write_line(f"warning: {warning}", yellow=True)
@@ -515,6 +521,10 @@ def markdown(doc: dict) -> str:
         f"{info['world_size']} ranks.",
         "",
     ]
+    overlay = info.get("config_overlay")
+    if overlay:
+        changed = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in (overlay.get("effective") or {}).items())
+        lines += [f"Config overlay `{overlay['file']}`; changed: {changed or 'nothing'}.", ""]
     if theirs:
         lines += [
             f"Baseline `{theirs['spec']}` ({theirs['impl']}); deepspeed {theirs.get('deepspeed')} "

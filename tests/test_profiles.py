@@ -30,6 +30,7 @@ def test_overlay_precedence_user_then_profile_then_contract(monkeypatch):
     user = {
         "zero_optimization": {"overlap_comm": False, "stage3_max_reuse_distance": 7, "sub_group_size": 100},
         "gradient_clipping": 5.0,
+        "train_batch_size": 64,
         "bf16": {"enabled": False},
     }
     monkeypatch.setitem(profiles._active, "profile", profiles.PROFILES["bf16-offload"])
@@ -39,7 +40,8 @@ def test_overlay_precedence_user_then_profile_then_contract(monkeypatch):
     cfg = profiles.overlay(base, {"zero_optimization": {"sub_group_size": 5}})
     zero = cfg["zero_optimization"]
     assert zero["overlap_comm"] is False  # the user's, owned by no one
-    assert "stage3_max_reuse_distance" not in zero and cfg["gradient_clipping"] == 0.0  # suite-owned keys
+    assert "stage3_max_reuse_distance" not in zero and "train_batch_size" not in cfg  # suite-owned keys
+    assert cfg["gradient_clipping"] == 5.0  # the plain-torch twin clips as the config says
     assert zero["sub_group_size"] == 5  # the contract's
     assert cfg["bf16"] == {"enabled": True} and zero["offload_param"] == {"device": "cpu"}  # the profile's
     assert "zero_optimization.sub_group_size" in profiles.owned_keys()[0]
@@ -84,13 +86,23 @@ def test_report_header_and_implementation_fields(tmp_path):
     """What the report shows: the profiles, and the overlay file with the keys it sets."""
     from types import SimpleNamespace
 
-    settings = SimpleNamespace(profile=("fp32",), config=None)
+    settings = SimpleNamespace(profile=("fp32",), config=None, world_size=2)
     assert profiles.report_header(settings) == "profiles: fp32"
     assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None}
-    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": True}}))
-    settings = SimpleNamespace(profile=("hpz",), config=str(tmp_path / "ds.json"))
-    assert profiles.report_implementation(settings)["config_overlay"]["keys"] == ["bf16.enabled"]
+    assert profiles.summary_line(settings) == ""
+    user = {"bf16": {"enabled": True}, "gradient_accumulation_steps": 2, "optimizer": {"type": "Adam"}}
+    (tmp_path / "ds.json").write_text(json.dumps(user))
+    settings = SimpleNamespace(profile=("hpz",), config=str(tmp_path / "ds.json"), world_size=2)
+    overlay = profiles.report_implementation(settings)["config_overlay"]
+    assert overlay["keys"] == ["bf16.enabled", "gradient_accumulation_steps", "optimizer.type"]
+    # what it changed in the contracts' configs (the batch follows the accumulation), what it could not
+    assert overlay["effective"] == {"bf16.enabled": True, "gradient_accumulation_steps": 2, "train_batch_size": 8}
+    assert overlay["ignored"] == ["optimizer.type"]
     assert "ds.json" in profiles.report_header(settings)
+    assert profiles.summary_line(settings) == (
+        f"config overlay: {settings.config}; changed: bf16.enabled=true, gradient_accumulation_steps=2, "
+        "train_batch_size=8; not applied (the contracts own them): optimizer.type"
+    )
 
 
 @pytest.mark.slow

@@ -1,0 +1,105 @@
+"""A fork's own config (--zero3-config) judged like a profile: each contract derives its oracle from
+the effective config (fixtures/profiles.py), so the reference is green under a fork's precision,
+offload, communication and optimizer-step settings, and a known-bad coordinator is still flagged.
+
+Each test runs a few contracts that the overlay's keys change the oracle of (parity against plain
+torch, the fetch collectives 003 counts, the gradient path), in-process, a few seconds each.
+"""
+
+import importlib.util
+import json
+
+import pytest
+
+from conftest import BAD, ROOT
+
+#: A fork's production precision and offloads: DeepSpeedCPUAdam steps host copies of bf16 params.
+PRECISION_OFFLOAD = {
+    "bf16": {"enabled": True},
+    "zero_optimization": {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+}
+#: Communication knobs: params fetched by all-reduce instead of all-gather, small buckets, no overlap.
+COMMUNICATION = {
+    "gradient_clipping": 1.0,
+    "zero_optimization": {
+        "overlap_comm": False,
+        "contiguous_gradients": False,
+        "reduce_bucket_size": 1000,
+        "sub_group_size": 1000,
+        "stage3_use_all_reduce_for_fetch_params": True,
+        "round_robin_gradients": True,
+    },
+}
+#: The optimizer step: a clipping bound the MLP's gradients exceed (so the twin's clipping matters)
+#: and two micro-batches per step.
+STEP = {"gradient_clipping": 0.01, "gradient_accumulation_steps": 2}
+
+
+def _overlay(tmp_path, config: dict) -> str:
+    path = tmp_path / "fork.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def _green(run, select: set, skipped: dict | None = None) -> None:
+    """Every selected contract passed (those in ``skipped``: skipped, the reason naming the key)."""
+    tail = run.stdout[-4000:]
+    rows = {c["id"]: c for c in run.report["contracts"]} if run.report else {}
+    assert run.returncode == 0, tail
+    for cid in sorted(select):
+        want = "skipped" if cid in (skipped or {}) else "pass"
+        assert rows.get(cid, {}).get("outcome") == want, f"{cid}: {rows.get(cid)}\n{tail}"
+    for cid, key in (skipped or {}).items():
+        assert f"not judged under {key}=" in rows[cid]["reason"], rows[cid]
+
+
+def test_reference_green_under_precision_and_offloads(run_suite, tmp_path):
+    """bf16 with both offloads: parity against plain torch under bf16 autocast, the dtype's
+    tolerance; a checkpoint's fp32 masters against the bf16 weights they round to; the table and the
+    JSON name the file and what it changed (DeepSpeedCPUAdam included), also under -q."""
+    path, md = _overlay(tmp_path, PRECISION_OFFLOAD), tmp_path / "summary.md"
+    run = run_suite("reference", "base-a,base-e,005-e", f"--zero3-config={path}", f"--zero3-report-md={md}", "-q")
+    _green(run, {"base-a", "005-e"}, skipped={"base-e": "bf16.enabled"})
+    overlay = run.report["implementation"]["config_overlay"]
+    assert overlay["file"] == path and overlay["effective"] == {
+        "bf16.enabled": True,
+        "optimizer.params.torch_adam": False,
+        "zero_optimization.offload_optimizer.device": "cpu",
+        "zero_optimization.offload_param.device": "cpu",
+    }, overlay
+    assert f"config overlay: {path}; changed: bf16.enabled=true" in run.stdout, run.stdout[-3000:]
+    assert f"Config overlay `{path}`; changed: `bf16.enabled=true`" in md.read_text(), md.read_text()[:2000]
+    spec = importlib.util.spec_from_file_location("render_matrix", ROOT / "scripts" / "render_matrix.py")
+    schema = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(schema)
+    assert schema.validate(run.report, schema.schema()) == []  # the report schema knows the new fields
+
+
+def test_reference_green_under_communication_knobs(run_suite, tmp_path):
+    """Fetch by all-reduce: 003-e and 003-f count the all-reduces that fetch params (a probe that
+    counted only all-gathers saw none and failed the reference)."""
+    run = run_suite("reference", "003-e,003-f,base-a", f"--zero3-config={_overlay(tmp_path, COMMUNICATION)}")
+    _green(run, {"003-e", "003-f", "base-a"})
+
+
+def test_reference_green_under_clipping_and_accumulation(run_suite, tmp_path):
+    """The plain-torch twin clips and accumulates as the config says (base-a, 005-d); a contract that
+    compares every batch's gradient cannot judge an accumulation it did not choose: skipped, naming it."""
+    run = run_suite("reference", "base-a,005-a,005-d", f"--zero3-config={_overlay(tmp_path, STEP)}")
+    _green(run, {"base-a", "005-a", "005-d"}, skipped={"005-a": "gradient_accumulation_steps"})
+
+
+@pytest.mark.parametrize(
+    "config, coordinator, contract",
+    [
+        (PRECISION_OFFLOAD, "stale_gather_cache.py:StaleGatherCache", "base-a"),
+        (COMMUNICATION, "adaptive_inverted_controller.py:InvertedController", "003-f"),
+        (STEP, "stale_gather_cache.py:StaleGatherCache", "base-a"),
+    ],
+    ids=["precision-offload", "communication", "step"],
+)
+def test_known_bad_coordinator_still_flagged_under_the_overlay(run_suite, tmp_path, config, coordinator, contract):
+    """Why: an oracle loosened to the overlay's dtype or fetch path must still catch the bug."""
+    file, cls = coordinator.split(":")
+    run = run_suite(f"{BAD / file}:{cls}", contract, f"--zero3-config={_overlay(tmp_path, config)}")
+    assert run.outcomes().get(contract) == "fail" and run.returncode == 1, run.stdout[-4000:]
