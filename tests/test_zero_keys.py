@@ -17,6 +17,7 @@ import pytest
 from forks import copy_installed_deepspeed, edit
 from pytest_zero3.fixtures import rule_batch, zero_keys
 
+from conftest import ROOT
 from pytest_zero3 import impl
 
 
@@ -31,7 +32,7 @@ def _drawn() -> list:
     return rule_batch.draw_examples(40, None, keys)
 
 
-def test_the_reader_finds_the_installed_keys_their_aliases_types_and_defaults():
+def test_the_reader_finds_the_installed_keys_their_aliases_types_and_defaults(monkeypatch):
     fields = zero_keys.read_fields(_installed())
     bucket = fields["stage3_prefetch_bucket_size"]
     assert (bucket.name, bucket.annotation, bucket.default, bucket.least) == (
@@ -53,7 +54,10 @@ def test_the_reader_finds_the_installed_keys_their_aliases_types_and_defaults():
         assert key in drawn
     assert declared["zero_quantized_weights"].startswith("unsupported on CPU: ")
     assert "stage 3 ignores it" in declared["round_robin_gradients"]
-    assert "zero_quantized_weights" in zero_keys.table(_installed(), gpu=True).keys()  # scripts/gpu-check.sh
+    # scripts/gpu-check.sh lifts the CPU-only exclusions through the environment
+    monkeypatch.setenv(zero_keys.GPU_ENV, "1")
+    assert "zero_quantized_weights" in zero_keys.table(_installed()).keys()
+    assert f"{zero_keys.GPU_ENV}=1" in (ROOT / "scripts" / "gpu-check.sh").read_text()
 
 
 @pytest.fixture
@@ -81,6 +85,11 @@ def test_a_key_the_fork_lacks_is_declared_missing_and_never_drawn(fork_config):
     keys, text = rule_batch.key_table(impl.parse(str(fork_config)))
     assert "missing in this implementation, not drawn: stage3_use_all_reduce_for_fetch_params" in text
     assert "unknown to the suite, not drawn: stage3_fork_prefetch_mode" in text
+    assert zero_keys.header(str(fork_config / "deepspeed")) == (
+        "ZeRO keys unknown to the rule family, not drawn: stage3_fork_prefetch_mode; "
+        "missing in this implementation, not drawn: stage3_use_all_reduce_for_fetch_params"
+    )
+    assert zero_keys.header(_installed()) is None  # the report header says nothing where nothing differs
     drawn = rule_batch.draw_examples(24, None, keys)
     seen = {k for s in drawn for k in s["zero"]}
     assert "stage3_use_all_reduce_for_fetch_params" not in seen and "stage3_fork_prefetch_mode" not in seen
