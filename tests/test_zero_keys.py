@@ -182,7 +182,10 @@ def test_a_bug_only_a_drawn_key_reaches_is_flagged(run_suite, key_fork):
     The all-reduce bug adds a partition's padding, which DeepSpeed allocates uninitialised, so it shows
     wherever that memory is not zero: in most examples, not every one (measured: 10 of 12
     examples of one or two Linear(8, 8) blocks); its key's model runs three times (the contract must
-    fail, in those examples only), the other bug's once."""
+    fail, in those examples only), the other bug's once.
+
+    Judged as a fork gate judges: under 0.19.8's expectations, beside the anchor of a stock bug listed
+    there for rule-a (checkpoint early stop off): that known failure must not hide the new one."""
     base = rule_batch.spec(
         ["linear"] * 2,
         {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10**9, "stage3_param_persistence_threshold": 0},
@@ -190,16 +193,37 @@ def test_a_bug_only_a_drawn_key_reaches_is_flagged(run_suite, key_fork):
         ranks=3,
         steps=3,
     )
-    examples, expect = [], {}
+    known = dict(rule_batch.ANCHORS[4], ranks=3)  # rule-a on stock 0.19.8, listed in its expectations
+    assert known["early_stop"] is False
+    examples, expect = [known], {"rule-a": {0}}
     for _, key, rule, runs in KEY_BUGS.values():
         for steps in range(3, 3 + runs):
             expect.setdefault(rule, set()).add(len(examples))
             examples.append(dict(base, steps=steps, zero={**base["zero"], **key}))
     examples.append(base)
-    run = run_suite(key_fork, ",".join(sorted(expect)), f"--zero3-replay={json.dumps(examples)}", "--zero3-shrink=0")
+    listed = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    replay = f"--zero3-replay={json.dumps(examples)}"
+    run = run_suite(key_fork, ",".join(sorted(expect)), replay, "--zero3-shrink=0", f"--zero3-expect={listed}")
     assert run.failed_ids() == set(expect), run.stdout[-4000:]
+    lone = sorted(expect["rule-a"] - {0})
+    assert f"The cause --zero3-expect lists for rule-a explains 1 of them; not: {lone}." in run.stdout, run.stdout[
+        -4000:
+    ]
     for rule, indices in expect.items():
         found = re.search(rf"{rule} \(.*?\) fails in \d+ of \d+ examples \(examples \[([\d, ]+)\]", run.stdout)
         assert found, run.stdout[-4000:]
         failing = {int(i) for i in found.group(1).split(",")}
         assert failing <= indices, f"{rule} fails in {sorted(failing)}, its key's examples are {sorted(indices)}"
+
+
+@pytest.mark.proof
+def test_the_drawn_examples_flag_the_key_fork_and_nothing_else(run_suite, key_fork):
+    """Why: the bite above replays the examples that reach each bug; here the family's own draw (32
+    examples, derandomised, 0.19.8's expectations for the stock bugs) must find the lone uneven
+    gradient (rule-a) and fail nothing but rule-a and rule-h (the all-reduce stride shows in rule-h
+    where the draw puts the key at 3 ranks and the padding is not zero)."""
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_suite(key_fork, "rule", "--zero3-examples=32", "--zero3-shrink=0", f"--zero3-expect={expect}")
+    failed = run.failed_ids()
+    assert "rule-a" in failed and failed <= {"rule-a", "rule-h"}, run.stdout[-4000:]
+    assert "the step raised" in run.stdout, run.stdout[-4000:]
