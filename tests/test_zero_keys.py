@@ -128,8 +128,8 @@ def _covering(n: int) -> list:
 
 @pytest.mark.slow
 def test_the_reference_passes_examples_with_drawn_keys(run_suite):
-    examples = _covering(2)
-    assert len({k for s in examples for k in s["zero"]} - set(rule_batch.CORE)) >= 8, examples
+    examples = _covering(3)
+    assert len({k for s in examples for k in s["zero"]} - set(rule_batch.CORE)) >= 9, examples
     run = run_suite("reference", "rule", f"--zero3-replay={json.dumps(examples)}")
     assert run.returncode == 0 and "8 passed" in run.stdout, run.stdout[-4000:]
 
