@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from pytest_zero3.fixtures import rule_batch
 
-from pytest_zero3 import options
+from pytest_zero3 import expectations, options
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +31,8 @@ def zero3_rule_batch(request, tmp_path_factory):
         failures = str(tmp_path_factory.getbasetemp() / "zero3-rule-failures")
     # under pytest-xdist every worker's temp dir sits in the controller's, which is this session's alone
     shared = str(tmp_path_factory.getbasetemp().parent) if hasattr(config, "workerinput") else None
-    return rule_batch.Batch(settings, rule_batch.plan(settings), failures, shared)
+    expected = expectations.load(settings.expect)  # checked already: a listed rule's cause, per example
+    return rule_batch.Batch(settings, rule_batch.plan(settings), failures, shared, expected)
 
 
 @pytest.mark.zero3_timeout(600)

@@ -26,7 +26,6 @@ every pytest run, and the fixtures' engine and probe import torch and deepspeed.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 #: Violations the exception's message lists; :attr:`EngineJudge.violations` has them all.
@@ -67,21 +66,12 @@ def rule_config(engine):
         prefetch_bucket=bucket,
         max_live=int(engine.zero_max_live_parameters()),
         persistence_threshold=int(engine.zero_param_persistence_threshold()),
+        model_persistence_threshold=int(engine.zero_model_persistence_threshold()),
         frozen=frozenset(n for n, p in named if not p.requires_grad),
         # a module's params enter the trace by ds_id (record_parameters); by name, a bias would come
         # before its weight, and prefetch with a bucket smaller than one weight is judged wrongly
         order={n: int(p.ds_id) for n, p in named},
     )
-    capped = int(engine.zero_model_persistence_threshold())
-    if capped < sys.maxsize:
-        persisted = {n for n, p in named if getattr(p, "ds_persist", False)}
-        if persisted != set(cfg.persistent):
-            raise JudgeError(
-                f"stage3_model_persistence_threshold={capped} made DeepSpeed persist {len(persisted)} of the "
-                f"{len(cfg.persistent)} params at or under stage3_param_persistence_threshold="
-                f"{cfg.persistence_threshold}; the rule model knows only the per-param threshold. Judge a run "
-                "without stage3_model_persistence_threshold."
-            )
     return cfg
 
 

@@ -17,6 +17,10 @@
 #    waits with host timers (tests/test_flags_003g.py; needs 2 GPUs).
 # 4. Runs the GPU-only config profiles (fixtures/profiles.py: fp16, qwz, qgz, deepcompile; CPU runs
 #    report them unsupported) against the reference: reports/gpu-profiles.{json,md}.
+# 5. Runs the rule family with the ZeRO keys a CPU cannot draw drawn too (PYTEST_ZERO3_GPU_KEYS=1;
+#    fixtures/zero_keys.py: zero_quantized_weights, zero_quantized_nontrainable_weights,
+#    zero_quantized_gradients), RULE_EXAMPLES drawn examples (default 24) against the reference:
+#    reports/gpu-keys.{json,md}.
 # Exit status: non-zero when any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +82,10 @@ timing=$?
 python -m pytest "${common[@]}" --zero3-impl=reference --zero3-profile=fp16,qwz,qgz,deepcompile \
     --zero3-report=reports/gpu-profiles.json --zero3-report-md=reports/gpu-profiles.md "$@"
 profiles=$?
+# the rule family with the GPU-only ZeRO keys in its draw
+PYTEST_ZERO3_GPU_KEYS=1 python -m pytest "${common[@]}" --zero3-impl=reference --zero3-select=rule \
+    "--zero3-examples=${RULE_EXAMPLES:-24}" --zero3-report=reports/gpu-keys.json --zero3-report-md=reports/gpu-keys.md "$@"
+keys=$?
 echo "gpu-check: $gpus GPU(s); reference exit $reference, installed exit $installed, 003-g timing tests exit $timing," \
-     "GPU-only profiles exit $profiles; reports in reports/gpu-*"
-exit $(( reference || installed || timing || profiles ))
+     "GPU-only profiles exit $profiles, rule family with GPU-only keys exit $keys; reports in reports/gpu-*"
+exit $(( reference || installed || timing || profiles || keys ))
