@@ -54,25 +54,7 @@ def rule_config(engine):
             f"pytest_zero3.judge needs a ZeRO stage-3 engine; this one runs stage {stage}. "
             'Set "zero_optimization": {"stage": 3} in its DeepSpeed config.'
         )
-    named = list(engine.module.named_parameters())
-    bucket = int(engine.zero_prefetch_bucket_size())
-    zero = engine._config.zero_config
-    if getattr(zero, "adaptive_prefetch_bucket_size", False):
-        # the bucket moves within its bounds: judged at the largest it may reach (a superset of what it allows)
-        bucket = max(bucket, int(zero.adaptive_prefetch_max_size))
-    cfg = rules.Config(
-        numel={n: int(p.ds_numel) for n, p in named},
-        reuse_distance=int(engine.zero_max_reuse_distance()),
-        prefetch_bucket=bucket,
-        max_live=int(engine.zero_max_live_parameters()),
-        persistence_threshold=int(engine.zero_param_persistence_threshold()),
-        model_persistence_threshold=int(engine.zero_model_persistence_threshold()),
-        frozen=frozenset(n for n, p in named if not p.requires_grad),
-        # a module's params enter the trace by ds_id (record_parameters); by name, a bias would come
-        # before its weight, and prefetch with a bucket smaller than one weight is judged wrongly
-        order={n: int(p.ds_id) for n, p in named},
-    )
-    return cfg
+    return rules.engine_config(engine)
 
 
 class EngineJudge:
