@@ -70,7 +70,7 @@ fi
 [ ${#tests[@]} -gt 0 ] || usage "no test files found under $checkout/tests/unit"
 
 out="${ZERO3_DS_UNIT_OUT:-$repo/proofs/ds-unit}"
-mkdir -p "$out"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"  # the runs write it from the checkout's tests/
 dspath=""
 [ -f "$checkout/deepspeed/__init__.py" ] && dspath="$checkout"
 

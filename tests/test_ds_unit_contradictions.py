@@ -5,6 +5,7 @@ here (the script is a proof run), milliseconds.
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 
@@ -17,7 +18,11 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "ds_unit" / "
 def ds_unit():
     spec = importlib.util.spec_from_file_location("ds_unit", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.modules["ds_unit"] = mod  # its dataclass looks its module up there
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules["ds_unit"]
     return mod
 
 
