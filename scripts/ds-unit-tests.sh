@@ -2,7 +2,9 @@
 # DeepSpeed's own ZeRO-3 unit tests, run on this CPU (DS_ACCELERATOR=cpu, gloo) twice: on stock
 # DeepSpeed, and with pytest-zero3's reference coordinator injected into every process (pytest's, and
 # the ranks DeepSpeed's harness starts: scripts/ds_unit/inject/sitecustomize.py). Then a table of both
-# results side by side. A proof run: never in CI (about an hour on 2 cores for a v0.19 checkout).
+# results side by side. A proof run: never in CI (416 tests for a v0.19 checkout, about 30 min a side
+# on 2 quiet cores). Run the sides one after the other, never two runs at once: some of DeepSpeed's
+# tests bind the fixed port 29500 in pytest's own process and skip when it is taken.
 #
 #   scripts/ds-unit-tests.sh DEEPSPEED_CHECKOUT [--stock | --reference] [pytest args...]
 #
@@ -14,7 +16,8 @@
 # The tests: tests/unit/runtime/zero/ and tests/unit/v1/zero/, less the files that test only ZeRO
 # stages 0-2 or no engine (EXCLUDE below), less every item parametrized with a ZeRO stage other than 3
 # (scripts/ds_unit/ds_unit.py); nightly tests are left out, DeepSpeed's `sequential` ones run (this
-# run is sequential). Each test in its own fork (pytest-forked, as DeepSpeed's CPU CI runs them).
+# run is sequential). DeepSpeed's CPU CI runs each test in its own fork: add --forked for that (pytest-
+# forked is installed for it; about 3x slower, as each test then starts its own forkserver).
 #
 # Exit status: 1 when the reference fails (or skips) a test stock passes, except the tests of
 # conformance/ds_unit_contradictions.toml, each named with the contract that contradicts it;
@@ -76,7 +79,8 @@ dspath=""
 
 status=0
 for mode in "${modes[@]}"; do
-    path="$here/inject:$here:$deps${dspath:+:$dspath}${PYTHONPATH:+:$PYTHONPATH}"
+    path="$here:$deps${dspath:+:$dspath}${PYTHONPATH:+:$PYTHONPATH}"
+    [ "$mode" = reference ] && path="$here/inject:$path"
     rm -f "$out/$mode.json" "$out/$mode.processes"
     echo "== $mode: ${#tests[@]} files of $checkout (log: $out/$mode.log)"
     start=$(date +%s)
