@@ -94,7 +94,7 @@ for mode in "${modes[@]}"; do
         "${tests[@]/#tests\//}" "$@") > "$out/$mode.log" 2>&1
     code=$?
     echo "   pytest exit $code in $(( $(date +%s) - start )) s: $(tail -1 "$out/$mode.log")"
-    echo "   processes started: $(sort -u "$out/$mode.processes" 2>/dev/null | cut -d' ' -f2 | sort | uniq -c | tr -s ' ')"
+    [ "$mode" = stock ] || echo "   processes that installed the reference (ranks inherit it from the forkserver): $(sort -u "$out/$mode.processes" 2>/dev/null | cut -d' ' -f2 | sort | uniq -c | tr -s ' ')"
     if [ "$code" -gt 1 ] && [ "$code" -ne 5 ]; then
         echo "   the $mode run did not complete; see $out/$mode.log" >&2
         status=$code

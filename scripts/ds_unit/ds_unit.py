@@ -29,6 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONTRADICTIONS = os.path.join(ROOT, "conformance", "ds_unit_contradictions.toml")
 #: Parameters by which DeepSpeed's tests pin a ZeRO stage.
 STAGE_PARAMS = ("zero_stage", "stage")
+#: What the forkserver of DeepSpeed's harness imports before it forks the ranks.
+PRELOAD = ("torch", "deepspeed", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.partition_parameters")
 #: Outcomes in the order the totals list them.
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "not run")
 #: The form of a test ID in the contradictions file: a path in the DeepSpeed checkout, then pytest's node.
@@ -100,6 +102,11 @@ def pytest_configure(config):
     global _config
     config._ds_unit = {"coordinator": name, "results": {}}
     _config = config
+    # DeepSpeed's harness forks its ranks from a forkserver: loading deepspeed there once (and, with the
+    # reference, installing it there) spares each rank of each test that import, on both sides alike.
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
 
 
 def pytest_report_header(config):
