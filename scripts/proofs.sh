@@ -8,6 +8,10 @@
 #
 # Writes proofs/junit.xml and proofs/result.txt (date, commit, counts), which the manual's proof page
 # (docs/results/proofs.md) cites.  Exit status: pytest's.
+#
+# With DEEPSPEED_CHECKOUT set to a DeepSpeed checkout, it then also runs that checkout's ZeRO-3 unit
+# tests, stock and with the reference injected (scripts/ds-unit-tests.sh, about 40 min more; table in
+# proofs/ds-unit/), and fails when the reference fails one stock passes that no contract contradicts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
@@ -15,12 +19,20 @@ mkdir -p proofs
 start=$(date +%s)
 python -m pytest tests -n 2 -p no:cacheprovider --proofs -m proof --junitxml=proofs/junit.xml -q "$@" | tee proofs/log.txt
 code=${PIPESTATUS[0]}
+ds_unit=""
+if [ -n "${DEEPSPEED_CHECKOUT:-}" ]; then
+    ZERO3_DS_UNIT_OUT=proofs/ds-unit bash scripts/ds-unit-tests.sh "$DEEPSPEED_CHECKOUT" | tee proofs/ds-unit.txt
+    ds_code=${PIPESTATUS[0]}
+    ds_unit="ds-unit-tests ($DEEPSPEED_CHECKOUT): exit $ds_code; $(grep -E '^new reference failures' proofs/ds-unit.txt)"
+    [ "$code" -ne 0 ] || code=$ds_code
+fi
 {
     echo "date: $(date -u +%Y-%m-%d)"
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "exit: $code"
     echo "wall_s: $(( $(date +%s) - start ))"
     tail -1 proofs/log.txt
+    [ -z "$ds_unit" ] || echo "$ds_unit"
 } > proofs/result.txt
 cat proofs/result.txt
 exit "$code"
