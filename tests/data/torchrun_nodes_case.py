@@ -16,7 +16,8 @@ from pytest_zero3 import scenario
 @pytest.mark.zero3_timeout(5)
 def test_a_node_that_never_joins_is_a_world_error(zero3_world):
     """First in the file: node 1's ranks (2 and 3) have reached no world yet, and skip this one; they go
-    on only once node 0's ranks are done with it (else they would reach the next world meanwhile)."""
+    on only once both of node 0's ranks are done with it (else they would reach the next world, and post
+    their presence, while a rank of node 0 still reads who never joined)."""
     key = "torchrun_nodes_case/996-0/done"
     if int(os.environ["RANK"]) >= 2:
         import datetime
@@ -24,14 +25,14 @@ def test_a_node_that_never_joins_is_a_world_error(zero3_world):
         import torch.distributed as dist
 
         store, _, _ = next(dist.rendezvous("env://"))  # the launcher's store, as the plugin reaches it
-        store.wait([key], datetime.timedelta(seconds=120))
+        store.wait([f"{key}/0", f"{key}/1"], datetime.timedelta(seconds=120))
         return
     try:
         zero3_world.run(where)
     finally:
         from pytest_zero3 import launcher
 
-        launcher._store.set(key, "1")
+        launcher._store.set(f"{key}/{os.environ['RANK']}", "1")
 
 
 def where():
