@@ -80,3 +80,10 @@ def bite_groups(bugs: dict) -> list:
         else:
             groups.append([name])
     return [tuple(g) for g in groups]
+
+
+def unbitten(run, bugs: dict, group) -> dict:
+    """The cheap bite runs' check: ``{label: outcome}`` for each bug of ``group`` whose contract did not
+    fail on the group's fork (``bugs`` maps a bug's name to a tuple of its contract first, its label last)."""
+    outcomes = run.outcomes()
+    return {bugs[name][-1]: outcomes.get(bugs[name][0]) for name in group if outcomes.get(bugs[name][0]) != "fail"}

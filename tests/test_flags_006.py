@@ -83,13 +83,10 @@ def test_cost_forks_fail_their_contracts(run_suite, cost_fork, group):
     one fork per group; that each edit fails its contract alone is the proof run's)."""
     contracts = sorted(COST_BUGS[name][0] for name in group)
     run = run_suite(cost_fork("+".join(group)), ",".join(contracts))
-    outcomes = run.outcomes()
-    wrong = {
-        COST_BUGS[name][4]: outcomes.get(COST_BUGS[name][0])
-        for name in group
-        if outcomes.get(COST_BUGS[name][0]) != "fail"
-    }
-    assert not wrong, f"the contract of each edit should fail, got {wrong}; all: {outcomes}\n{run.stdout[-4000:]}"
+    from forks import unbitten
+
+    wrong = unbitten(run, COST_BUGS, group)
+    assert not wrong, f"the contract of each edit should fail, got {wrong}; all: {run.outcomes()}\n{run.stdout[-4000:]}"
 
 
 @pytest.mark.proof
