@@ -7,7 +7,7 @@ seeds (DeepSpeed PRs 9003, 8883, 8148, 8431).
 """
 
 from pytest_zero3.fixtures import rules as r
-from pytest_zero3.fixtures.rules import BWD_POST, BWD_PRE, END, FWD_POST, FWD_PRE, Event
+from pytest_zero3.fixtures.rules import BWD_POST, BWD_PRE, END, FWD_POST, FWD_PRE, GRADS_IN, Event
 
 N = 10  # numel of every param in these traces
 NUMEL = {"w0": N, "w1": N, "w2": N}
@@ -312,6 +312,25 @@ def test_early_stopped_recompute_is_closed_by_the_backward():
     ]
     cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
     assert r.judge(cfg, [step(events, ["t", "", "t", "t", "", ""], numel)] * 2) == []
+
+
+def test_post_backward_hook_runs_before_autograd_leaves_the_inputs():
+    """PO ``PostBackwardFunctionModule``: the release runs once the gradients of the inputs of the module's
+    forward call are computed.  The probe sees that moment apart from DeepSpeed's hooks (GRADS_IN); a
+    module still running backward there missed its release, which the end of backward would hide."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    kept = mlp_events()
+    kept.insert(kept.index(ev(BWD_POST, "L2")) + 1, ev(GRADS_IN, "L2"))
+    gathered = ["w0", "", "w1", "", "w2", "", "w2", "", "", "w1", "", "w0", ""]
+    assert r.judge(cfg, [step(kept, gathered)] * 3) == []
+    missed = [e for e in kept if e != ev(BWD_POST, "L2")]  # the hook never fired
+    held = ["w0", "", "w1", "", "w2", "", "w2", "w2", "w1 w2", "w2", "w0 w2", ""]
+    found = r.judge(cfg, [step(missed, held)] * 3)
+    assert {(v.rule, v.param, v.module) for v in found} == {("rule-b", "w2", "L2")}, found
+    assert "post-backward hook" in str(found[0]) and "autograd done with the inputs of 'L2'" in str(found[0])
+    # where the hook would keep the param anyway (persistent) a missed hook releases nothing
+    persistent = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=N)
+    assert not [v for v in r.judge(persistent, [step(missed, held)] * 3) if v.rule == "rule-b" and v.event == 7]
 
 
 def test_persistent_params_after_an_invalidation_are_not_judged():
