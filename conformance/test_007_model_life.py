@@ -53,3 +53,13 @@ def test_peft_lora_bf16_base_under_autocast(zero3_world):
     raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
     under bf16 autocast."""
     _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
+
+
+@pytest.mark.zero3_contract("007-e")
+def test_saved_mid_training_and_resumed(zero3_world, tmp_path):
+    """What a training run saves, and trains on from: the consolidated state dict (``save_16bit_model``,
+    transformers' Trainer), ``save_checkpoint`` and its ``zero_to_fp32`` recovery, taken between steps,
+    of a model with a tied head, buffers and a frozen layer; then training goes on in the same engine
+    and in a fresh one that loaded the checkpoint."""
+    results = zero3_world.run(f7.save_and_resume, str(tmp_path / "checkpoint"))
+    _assert_none(results, "saved mid-training and resumed")

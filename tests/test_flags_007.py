@@ -56,11 +56,35 @@ LIFE_BUGS = {
         "zero.Init's exit sets an inherited __init__ on classes without their own (DeepSpeed PR 7566 undone)",
         "reference copy (a second from_pretrained)",
     ),
+    # The ds_id keying of shared params undone (DeepSpeed PRs 1223, 3407): the checkpoint's list of tied
+    # params is found by data_ptr, which every partitioned param shares (its data is an empty tensor), so
+    # zero_to_fp32 "recovers" every param as an alias of the first
+    "shared_params_by_data_ptr": (
+        "007-e",
+        [
+            (
+                "runtime/engine.py",
+                "                param_id = param.ds_id if is_zero3_model else param.data_ptr()\n",
+                "                param_id = param.data_ptr()\n",
+            ),
+        ],
+        "the checkpoint's shared params found by data_ptr under ZeRO-3 (DeepSpeed PRs 1223/3407 undone)",
+        "zero_to_fp32: blocks.0.lin.weight has shape",
+    ),
+    # DeepSpeed PR 1146 undone: the checkpoint lists no buffer names, so zero_to_fp32 recovers no buffer
+    "buffers_not_recovered": (
+        "007-e",
+        [("runtime/engine.py", '        get_layer_named_buffers(self.module, prefix="")\n', "")],
+        "no buffer names in the checkpoint: zero_to_fp32 restores no buffer (DeepSpeed PR 1146 undone)",
+        "missing ['scale']",
+    ),
 }
 
+#: Proven by the proof run only: 007-e already bites in every run on the first of its forks.
+PROOF_ONLY = frozenset({"buffers_not_recovered"})
 
 #: The cheap runs share one fork: no two bugs of one contract.
-BITE_GROUPS = bite_groups({name: ({bug[0]}, set()) for name, bug in LIFE_BUGS.items()})
+BITE_GROUPS = bite_groups({name: ({bug[0]}, set()) for name, bug in LIFE_BUGS.items() if name not in PROOF_ONLY})
 
 
 @pytest.fixture(scope="module")
