@@ -63,6 +63,9 @@ def time_the_probe() -> None:
 
     EventProbe._start_step = timed(EventProbe._start_step, lambda p: p._step is not None and p._step.judged)
     EventProbe._end_of_backward = timed(EventProbe._end_of_backward, lambda p: p._full)
+    # the end of each module's backward: the forward pre hook that places the observer nodes, and the record
+    EventProbe._observe_inputs = timed(EventProbe._observe_inputs, lambda p: p._full)
+    EventProbe._grads_in = timed(EventProbe._grads_in, lambda p: p._full)
     recorder = EventProbe._recorder
 
     def timed_recorder(self, kind):
