@@ -247,29 +247,48 @@ def test_z3_leaf_first_block(zero3_world):
     which has no grad.
 
     The leaf is set both ways DeepSpeed offers: ``set_z3_leaf_modules`` and
-    ``stage3_module_granularity_threshold``, each with prefetch off and on.  ZeRO-3 reduces a leaf's
-    gradients from a full backward hook on the leaf; with no input requiring grad, torch fires that hook
-    when the output's gradient is known, before the leaf's parameter gradients exist.  The run must
-    still train like plain torch and leave nothing gathered after each step.
+    ``stage3_module_granularity_threshold``, each with prefetch off and on, and a leaf holding a
+    reentrant activation checkpoint (``models_extra.CheckpointedLeaf``), whose checkpointed params plain
+    torch never computes a gradient for (its other params it does).  ZeRO-3 reduces a leaf's gradients from a full backward hook
+    on the leaf; with no input requiring grad, torch fires that hook when the output's gradient is
+    known, before the leaf's parameter gradients exist.  Each run must train like plain torch and
+    leave nothing gathered after each step, or refuse the leaf clearly before any weight changes: an
+    exception in step 0's forward or backward, on every rank, that names the leaf's class and says
+    that its input has no grad (DeepSpeed's own unit test ``test_no_grad_input_error`` expects such a
+    ``RuntimeError``).  An obscure crash, a hang or silently wrong training fails.
     """
     threshold = {"stage3_module_granularity_threshold": FIRST_BLOCK_LEAF_THRESHOLD}
-    runs = [
-        ("first_leaf", {}),
-        ("first_leaf", {"zero": PREFETCH_DEFAULT}),
-        ("first_block", {"zero": threshold}),
-        ("first_block", {"zero": {**threshold, **PREFETCH_DEFAULT}}),
+    # Two worlds, the threshold's last: a release without the key (before 0.16) fails there at
+    # initialize, after the leaves set by set_z3_leaf_modules were judged.
+    worlds = [
+        {
+            "set_z3_leaf_modules": ("first_leaf", {}),
+            "set_z3_leaf_modules, prefetch 5e7": ("first_leaf", {"zero": PREFETCH_DEFAULT}),
+            "reentrant checkpoint in the leaf": ("first_ckpt_leaf", {}),
+        },
+        {
+            "granularity threshold": ("first_block", {"zero": threshold}),
+            "threshold, prefetch 5e7": ("first_block", {"zero": {**threshold, **PREFETCH_DEFAULT}}),
+        },
     ]
-    labels = [
-        "set_z3_leaf_modules",
-        "set_z3_leaf_modules, prefetch 5e7",
-        "granularity threshold",
-        "threshold, prefetch 5e7",
-    ]
-    results = _rank0(zero3_world.run(fb.parity_many, runs))
-    for result, label in zip(results, labels):
-        assert result["z3_leaves"] == ["0"], (
-            f"scenario precondition ({label}): expected the first block ('0') as the only z3 leaf, got {result['z3_leaves']}"
-        )
+    trained = []
+    for runs in worlds:
+        per_rank = zero3_world.run(fb.parity_many, [(model, {**kw, "refusable": True}) for model, kw in runs.values()])
+        problems = []
+        for i, label in enumerate(runs):
+            rows = [rank_runs[i] for rank_runs in per_rank]
+            assert rows[0]["z3_leaves"] == ["0"], (
+                f"scenario precondition ({label}): expected the first block ('0') as the only z3 leaf, got {rows[0]['z3_leaves']}"
+            )
+            if any(row["refused"] for row in rows):
+                for rank, row in enumerate(rows):
+                    if row["refused"]:
+                        problems += fb.leaf_refusal_problems(row, f"{label}: rank {rank}")
+                    else:
+                        problems.append(f"{label}: rank {rank} trained where another rank refused the leaf")
+        assert not problems, "step 0 raised, but not as a clear refusal of the z3 leaf:\n" + "\n".join(problems)
+        trained += [(result, label) for result, label in zip(_rank0(per_rank), runs) if not result["refused"]]
+    results, labels = [r for r, _ in trained], [label for _, label in trained]
     _assert_nothing_left_after_step(results, labels)
     _assert_parity(results, [f"z3 leaf on the first block, {label}" for label in labels])
 

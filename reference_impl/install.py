@@ -20,9 +20,9 @@
   ``ds_status`` and raises at the first optimizer step);
 * ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
   (:mod:`pytest_zero3.reference_impl.checkpoint`);
-* ``DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks``: a z3 leaf module fed an input
-  without grad gets a grad-requiring alias of it, so its gradient hook fires after its parameters'
-  gradients (:mod:`pytest_zero3.reference_impl.leaf`);
+* ``DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks``: the gradient hook of a z3 leaf
+  module fed an input without grad waits for the leaf's parameter gradients, which torch computes
+  after it fires (:mod:`pytest_zero3.reference_impl.leaf`);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys.
 
@@ -44,7 +44,7 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
-from .leaf import create_hooks_with_grad_alias
+from .leaf import create_hooks_with_leaf_gate
 from .trace import zero_params
 
 _saved = {}  # original objects while installed; empty when not installed
@@ -216,7 +216,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
     DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
     DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = load_universal_with_frozen(_saved["universal"])
-    DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = create_hooks_with_grad_alias(
+    DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = create_hooks_with_leaf_gate(
         _saved["leaf_hooks"]
     )
     ds_runtime_config.get_zero_config = get_zero_config
