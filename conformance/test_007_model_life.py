@@ -2,9 +2,11 @@
 
 Users attach modules after ``deepspeed.initialize``, load checkpoints with transformers'
 ``from_pretrained`` while ZeRO-3 is active, add PEFT adapters to a bf16 base and train under autocast,
-and build models from class hierarchies of their own.  Each contract takes one of those paths with the
-libraries' own entry points and judges it by parity with a plain-torch twin (losses, every trainable
-param's gradient after every backward, final weights) and by the rule model over every hook event.
+build models from class hierarchies of their own, and resize embeddings or assign params after
+``initialize``.  Each contract takes one of those paths with the libraries' own entry points and
+judges it by parity with a plain-torch twin (losses, every trainable param's gradient after every
+backward, final weights) and (007-a to 007-c) by the rule model over every hook event; a change the
+engine cannot honour may instead be refused by an error that says what to do (007-d).
 Scenarios: :mod:`pytest_zero3.fixtures.family_007`.
 """
 
@@ -53,6 +55,19 @@ def test_peft_lora_bf16_base_under_autocast(zero3_world):
     raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
     under bf16 autocast."""
     _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
+
+
+@pytest.mark.zero3_preload("transformers")
+@pytest.mark.zero3_contract("007-d")
+def test_param_replaced_after_initialize(zero3_world):
+    """DeepSpeed converts a model's params once, at ``deepspeed.initialize``.  A param set on a hooked
+    module after it (transformers' ``resize_token_embeddings`` under ZeRO-3, a new ``nn.Parameter``
+    assigned to a weight) is a plain tensor the optimizer does not hold; stock 0.19.8 then crashes at the
+    next forward on a missing attribute (``'Parameter' object has no attribute 'ds_id'`` or
+    ``'ds_status'``) that says nothing of the change.  What a user must get instead: training like plain
+    torch with the optimizer built before the change, or a refusal that names the module and the param
+    and says to make the change before ``deepspeed.initialize``; never different weights in silence."""
+    _assert_none(zero3_world.run(f7.replaced_param), "a param replaced after deepspeed.initialize")
 
 
 @pytest.mark.zero3_contract("007-e")

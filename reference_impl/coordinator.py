@@ -129,6 +129,41 @@ class _GradModeProbe:
             coordinator._pass_grad = torch.is_grad_enabled()
 
 
+def _module_name(root: Optional[Module], module: Module) -> str:
+    """``module``'s name in the model under ``root`` (as ``named_modules`` gives it), or its class where
+    ``root`` is unknown or does not hold it."""
+    if root is not None:
+        for name, sub in root.named_modules():
+            if sub is module:
+                return name or "<the model itself>"
+    return f"<a {type(module).__name__}>"
+
+
+def refuse_plain_params(root: Optional[Module], modules: Iterable[Module]) -> None:
+    """Raise the error that explains a plain torch param on a module ZeRO-3 hooks, if one of ``modules``
+    has one; return otherwise.
+
+    DeepSpeed converts a model's params once, at ``deepspeed.initialize``: a param set on a hooked module
+    after it (transformers' ``resize_token_embeddings`` under ZeRO-3 assigns the new embedding's weight,
+    or the user assigns an ``nn.Parameter``) is a full tensor the optimizer does not hold, and with a
+    resized embedding plain torch would train it.  The coordinator cannot honour that, so the next
+    forward refuses it by name (contract 007-d) rather than crashing on the missing ``ds_*`` attributes.
+    Called only where such a param has already made something fail (a missing attribute, a changed
+    param set): it costs nothing on a pass that fetches ZeRO-3 params only."""
+    for module in modules:
+        for attr, param in module._parameters.items():
+            if param is not None and not hasattr(param, "ds_id"):
+                name = _module_name(root, module)
+                qualified = attr if name.startswith("<") else f"{name}.{attr}"
+                raise RuntimeError(
+                    f"ZeRO-3 cannot use parameter '{qualified}' (attribute '{attr}' of {type(module).__name__} module "
+                    f"'{name}', shape {tuple(param.shape)}): it is a plain torch parameter, set on the module after "
+                    "deepspeed.initialize (resize_token_embeddings, or a new nn.Parameter assigned to it), so ZeRO-3 "
+                    "never partitioned it and the optimizer does not hold it. Make the change before "
+                    "deepspeed.initialize."
+                ) from None
+
+
 def warn_rank0(message: str) -> None:
     """A warning printed once per job, not once per rank."""
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -277,7 +312,11 @@ class ReferenceCoordinator:
         self._drain_inflight()
         if self._mode == "record":
             Trace.check_same_on_all_ranks(self._recording)
-            self._trace = Trace(self._recording)
+            try:
+                self._trace = Trace(self._recording)
+            except AttributeError:  # a recorded module's param has no ds_id: set after initialize?
+                refuse_plain_params(self._recording[0], self._recording)
+                raise
             self._recording = []
             self._mode = "complete"
             if self.adaptive is not None:
@@ -329,7 +368,11 @@ class ReferenceCoordinator:
         complete = self._mode == "complete"
         if complete and params != self._trace.step_params[self._step]:
             self._tracing_error(module, params)
-        self._all_gather(params)
+        try:
+            self._all_gather(params)
+        except AttributeError:  # a param without ds_status: set on the module after initialize?
+            refuse_plain_params(self._root(), [module])
+            raise
 
         fast_fetch = self.fast_sharding_for_leaf_module and is_leaf
         recompute_owner = self._recompute_owner(forward)
@@ -358,6 +401,7 @@ class ReferenceCoordinator:
         self._step += 1
 
     def _tracing_error(self, module: Module, params: set[Parameter]) -> None:
+        refuse_plain_params(self._trace.modules[0], [module])
         recorded = self._trace.step_params[self._step]
         raise RuntimeError(
             f"tracing error at step {self._step}: module {module.ds_id} ({type(module).__name__}, training="
@@ -366,6 +410,13 @@ class ReferenceCoordinator:
             f"{sorted(p.ds_id for p in recorded - params)}. Parameters must not be added to or removed from a "
             "module between passes without invalidating the trace (coordinator._invalidate_trace())."
         )
+
+    def _root(self) -> Optional[Module]:
+        """The model's root module (the first module of the trace, or of the pass being recorded), for
+        naming a module in an error; None where neither is known."""
+        if self._trace is not None:
+            return self._trace.modules[0]
+        return self._recording[0] if self._recording else None
 
     def _recompute_owner(self, forward: bool) -> Optional[Module]:
         """During a checkpoint recompute, the backward module the recomputed frozen params belong to."""

@@ -50,6 +50,11 @@ def _fp32_passes_hpz_fails(test: str):
     return check
 
 
+def _trains_silently_wrong(run) -> None:
+    text = "final weight model.embed_tokens.weight differs from plain torch"
+    assert text in run.stdout, f"007-d failed, but not by the resized embedding's weights:\n{run.stdout[-4000:]}"
+
+
 #: The coordinator families (004 judges DeepSpeed's save path, not the coordinator), the rule family on
 #: its fixed anchors only and unshrunk: the flag tests need the IDs, not a reproducer.
 COORDINATOR_FAMILIES = "000,001,002,003,base,rule"
@@ -342,6 +347,15 @@ CASES += (
         "`deepspeed.initialize` (the reference before 007-a; DeepSpeed's test_zero_late_module_attach.py)",
         frozenset({"007-a"}),
         COORDINATOR_FAMILIES + ",007",
+        extra=ANCHORS_ONLY,
+    ),
+    Case(
+        "hides_plain_params.py:HidesPlainParams",
+        "a module's fetch and release leave out its plain params (the obvious fix of the `ds_id` crash after "
+        "`resize_token_embeddings`): the resized embedding runs untrained where plain torch trains it",
+        frozenset({"007-d"}),
+        COORDINATOR_FAMILIES + ",007",
+        check=_trains_silently_wrong,
         extra=ANCHORS_ONLY,
     ),
 )
