@@ -8,12 +8,19 @@
 * ``DeepSpeedZeRoOffload.__init__``: reads the adaptive-prefetch keys from the ds_config it is given
   and passes them, with its data-parallel group, to the coordinator constructor, whatever the class,
   when its constructor takes them (by name or ``**kwargs``; see ``pytest_zero3/protocol.py``); a
-  class that does not gets the stock keywords only, with a rank-0 warning when adaptation is on;
+  class that does not gets the stock keywords only, with a rank-0 warning when adaptation is on; and
+  it remembers the root module (weakly), whose in-flight registry ``GatheredParameters`` reads (below);
 * ``parameter_offload.FWD_MODULE_STACK``: the global stack of running modules held every root module
   ever registered, so an engine's model (and through its hook closures the offload and coordinator)
   outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
   root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
   early-stopped checkpoint recomputes pushed and never popped;
+* ``GatheredParameters.__enter__``: first completes the all-gathers a coordinator has in flight for the
+  params it is given (between a forward and its backward, prefetches aimed at backward uses are).
+  Stock gathers only NOT_AVAILABLE params and leaves an INFLIGHT one as it is: inside the context the
+  user reads it empty (``torch.Size([0])`` at two ranks or more), on exit ``partition`` raises on it,
+  and under ``unwrap_model_for_generation``, whose hook re-registration drains the in-flight
+  gathers inside the context, ``enable_sanity_checks`` reports the params as modified in place;
 * ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
   param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it), and
   skips plain params (a module attached after ``deepspeed.initialize``: stock reads their missing
@@ -39,6 +46,7 @@ import deepspeed.runtime.zero.config as ds_zero_config
 import torch
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from .checkpoint import load_universal_with_frozen
@@ -48,6 +56,9 @@ from .leaf import create_hooks_with_leaf_gate
 from .trace import zero_params
 
 _saved = {}  # original objects while installed; empty when not installed
+#: the root modules of the engines built while installed: each holds the in-flight registry its
+#: coordinators share (``ds_inflight_param_registry``), where GatheredParameters finds a param's handle
+_roots = weakref.WeakSet()
 
 
 class WeakModuleStack(MutableSequence):
@@ -147,6 +158,46 @@ def _offload_init(original):
     return __init__
 
 
+def _offload_register_root(original):
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if hasattr(getattr(self, "module", None), "ds_inflight_param_registry"):
+            _roots.add(self.module)
+
+    return __init__
+
+
+def complete_inflight(params) -> None:
+    """Wait for the all-gathers in flight for ``params`` and take them out of their registry: each such
+    param is then AVAILABLE, with its final data, and the coordinator that issued the gather finds it
+    gathered (it counts it live already).  A handle gathers a whole batch: a param of ``params`` whose
+    batch an earlier one completed is AVAILABLE but still registered, and is taken out too (a coordinator
+    would partition it under the context when it drains its registry); the batch's other params stay
+    registered, and their later wait is a no-op."""
+    roots = list(_roots)
+    if not roots:
+        return
+    for param in params:
+        for root in roots:
+            handle = root.ds_inflight_param_registry.pop(param, None)
+            if handle is not None:
+                handle.wait()
+                break
+
+
+def _gathered_parameters_enter(original):
+
+    @functools.wraps(original)
+    def __enter__(self):
+        if self.enabled:
+            complete_inflight(self.params)
+        return original(self)
+
+    return __enter__
+
+
 def _offload_destroy(original):
 
     @functools.wraps(original)
@@ -204,6 +255,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
         destroy=DeepSpeedZeRoOffload.destroy,
         leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
         partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
+        gathered_enter=GatheredParameters.__enter__,
         universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
         leaf_hooks=DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks,
         runtime_get_zero_config=ds_runtime_config.get_zero_config,
@@ -211,10 +263,11 @@ def install(coordinator=ReferenceCoordinator) -> None:
     )
     parameter_offload.PartitionedParameterCoordinator = coordinator
     parameter_offload.FWD_MODULE_STACK = WeakModuleStack(_saved["stack"])
-    DeepSpeedZeRoOffload.__init__ = _offload_init(_saved["init"])
+    DeepSpeedZeRoOffload.__init__ = _offload_register_root(_offload_init(_saved["init"]))
     DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
     DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
+    GatheredParameters.__enter__ = _gathered_parameters_enter(_saved["gathered_enter"])
     DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = load_universal_with_frozen(_saved["universal"])
     DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = create_hooks_with_leaf_gate(
         _saved["leaf_hooks"]
@@ -234,6 +287,7 @@ def uninstall() -> None:
     DeepSpeedZeRoOffload.destroy = _saved["destroy"]
     DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
     DeepSpeedZeRoOffload.partition_all_parameters = _saved["partition_all"]
+    GatheredParameters.__enter__ = _saved["gathered_enter"]
     DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = _saved["universal"]
     DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = _saved["leaf_hooks"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
