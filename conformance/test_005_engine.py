@@ -72,3 +72,15 @@ def test_conversions(zero3_world, tmp_path):
     under two names, and frozen params travel outside the optimizer."""
     results = zero3_world.run(f5.conversions, str(tmp_path / "out"))
     _assert_none([line for rank in results for line in rank["problems"]], "checkpoint conversions")
+
+
+@pytest.mark.zero3_contract("005-f")
+def test_gathered_between_forward_and_backward(zero3_world):
+    """Users read the weights between a forward and its backward (to log a norm) and generate inside a
+    training step (``unwrap_model_for_generation``).  At that point the backward's first params are
+    in flight (prefetch): the context must give them whole, with the weights of that step, and its exit
+    must partition them again without breaking the backward that follows."""
+    results = zero3_world.run(f5.gathered_between_forward_and_backward)
+    _assert_none(
+        [line for rank in results for line in rank["problems"]], "GatheredParameters between forward and backward"
+    )

@@ -17,6 +17,10 @@ Implementations of the adaptive prefetch bucket (contract family 003) also accep
 under ``--zero3-impl=module:Class`` any class whose constructor names all four (or takes
 ``**kwargs``) gets them from the ``stage3_adaptive_prefetch_*`` config keys; any other class is
 built with the keywords above only (a rank-0 warning says so when adaptation is on).
+
+Not DeepSpeed's: with the reference's fixes installed, ``GatheredParameters`` calls
+``complete_inflight(params)`` on a coordinator that defines it, as the context opens, to complete the
+all-gathers it has in flight for those params (contract 005-f).
 """
 
 #: Methods DeepSpeed's hooks and optimizer call, with what each call means.

@@ -634,6 +634,22 @@ class ReferenceCoordinator:
             del self._live[param]
             self._live_numel -= param.ds_numel
 
+    def complete_inflight(self, params: Iterable[Parameter]) -> None:
+        """Wait for the all-gathers in flight for ``params`` and take them out of the registry.
+
+        ``GatheredParameters`` calls it when it opens (``install``): between a forward and its backward
+        the backward's first params are in flight (prefetch), and stock's context gathers only
+        NOT_AVAILABLE ones (contract 005-f).  Each such param is then AVAILABLE with its final data, and
+        still counted live here (the context's exit partitions it; a later gather counts it once).  A
+        handle gathers a whole batch: a param whose batch an earlier one completed is AVAILABLE but
+        still registered, and is taken out too (draining the registry under the context would partition
+        it); the batch's other params stay registered, and their later wait is a no-op."""
+        registry = self._registry
+        for param in params:
+            handle = registry.pop(param, None)
+            if handle is not None:
+                handle.wait()
+
     def _drain_inflight(self) -> None:
         """Complete every outstanding all-gather and release what no module claims."""
         for param, handle in list(self._registry.items()):

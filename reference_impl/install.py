@@ -9,14 +9,15 @@
   and passes them, with its data-parallel group, to the coordinator constructor, whatever the class,
   when its constructor takes them (by name or ``**kwargs``; see ``pytest_zero3/protocol.py``); a
   class that does not gets the stock keywords only, with a rank-0 warning when adaptation is on; and
-  it remembers the root module (weakly), whose in-flight registry ``GatheredParameters`` reads (below);
+  it remembers the offload (weakly), whose coordinator ``GatheredParameters`` asks (below);
 * ``parameter_offload.FWD_MODULE_STACK``: the global stack of running modules held every root module
   ever registered, so an engine's model (and through its hook closures the offload and coordinator)
   outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
   root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
   early-stopped checkpoint recomputes pushed and never popped;
-* ``GatheredParameters.__enter__``: first completes the all-gathers a coordinator has in flight for the
-  params it is given (between a forward and its backward, prefetches aimed at backward uses are).
+* ``GatheredParameters.__enter__``: first asks each coordinator to complete the all-gathers it has in
+  flight for the params it is given (``complete_inflight``; between a forward and its backward the
+  prefetches aimed at backward uses are in flight; contract 005-f).
   Stock gathers only NOT_AVAILABLE params and leaves an INFLIGHT one as it is: inside the context the
   user reads it empty (``torch.Size([0])`` at two ranks or more), on exit ``partition`` raises on it,
   and under ``unwrap_model_for_generation``, whose hook re-registration drains the in-flight
@@ -56,9 +57,9 @@ from .leaf import create_hooks_with_leaf_gate
 from .trace import zero_params
 
 _saved = {}  # original objects while installed; empty when not installed
-#: the root modules of the engines built while installed: each holds the in-flight registry its
-#: coordinators share (``ds_inflight_param_registry``), where GatheredParameters finds a param's handle
-_roots = weakref.WeakSet()
+#: the ZeRO-3 offloads built while installed: GatheredParameters asks each one's coordinator to complete
+#: the all-gathers it has in flight for the context's params
+_offloads = weakref.WeakSet()
 
 
 class WeakModuleStack(MutableSequence):
@@ -158,33 +159,25 @@ def _offload_init(original):
     return __init__
 
 
-def _offload_register_root(original):
+def _offload_register(original):
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        if hasattr(getattr(self, "module", None), "ds_inflight_param_registry"):
-            _roots.add(self.module)
+        _offloads.add(self)
 
     return __init__
 
 
 def complete_inflight(params) -> None:
-    """Wait for the all-gathers in flight for ``params`` and take them out of their registry: each such
-    param is then AVAILABLE, with its final data, and the coordinator that issued the gather finds it
-    gathered (it counts it live already).  A handle gathers a whole batch: a param of ``params`` whose
-    batch an earlier one completed is AVAILABLE but still registered, and is taken out too (a coordinator
-    would partition it under the context when it drains its registry); the batch's other params stay
-    registered, and their later wait is a no-op."""
-    roots = list(_roots)
-    if not roots:
-        return
-    for param in params:
-        for root in roots:
-            handle = root.ds_inflight_param_registry.pop(param, None)
-            if handle is not None:
-                handle.wait()
-                break
+    """Ask the coordinator of every offload built while installed to complete the all-gathers it has in
+    flight for ``params`` (``complete_inflight``, :class:`~.coordinator.ReferenceCoordinator`): the
+    coordinator issued them, holds their handles and counts the params live, so it is the one to wait
+    on them.  A coordinator class without the method is left as it is."""
+    for offload in list(_offloads):
+        complete = getattr(offload.get_param_coordinator(), "complete_inflight", None)
+        if complete is not None:
+            complete(params)
 
 
 def _gathered_parameters_enter(original):
@@ -263,7 +256,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
     )
     parameter_offload.PartitionedParameterCoordinator = coordinator
     parameter_offload.FWD_MODULE_STACK = WeakModuleStack(_saved["stack"])
-    DeepSpeedZeRoOffload.__init__ = _offload_register_root(_offload_init(_saved["init"]))
+    DeepSpeedZeRoOffload.__init__ = _offload_register(_offload_init(_saved["init"]))
     DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
     DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
     DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters

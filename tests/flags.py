@@ -339,6 +339,18 @@ CASES = (
     ),
 )
 
+# family 005 (the engine around the coordinator); the forks of its other contracts: tests/test_flags_005.py
+CASES += (
+    Case(
+        "leaves_gathers_in_flight.py:LeavesGathersInFlight",
+        "`GatheredParameters` opened between a forward and its backward leaves the backward's prefetches in "
+        "flight (stock 0.19.8's): read empty inside, 'Cannot partition a param in flight' on exit",
+        frozenset({"005-f"}),
+        COORDINATOR_FAMILIES + ",005",
+        extra=ANCHORS_ONLY,
+    ),
+)
+
 # family 007 (the model's life around the engine); the forks of 007's other contracts: tests/test_flags_007.py
 CASES += (
     Case(

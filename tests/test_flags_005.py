@@ -6,13 +6,14 @@ container type, ``GatheredParameters`` drops a modifier's edit, ``destroy()`` fo
 re-registration keeps a stale trace (DeepSpeed PR 8043 undone), the reduce-scatter skips the padding
 of a lone uneven gradient, ``zero_to_fp32`` miscounts uneven partitions.  Run with
 ``--zero3-impl=DIR`` on family 005, each must FAIL the contract written for its bug and pass the
-other four.
+other four (005-f, which stock fails already, is left out).
 
 Every run checks that each fork fails its contract (one contract per run); the proof run
-(``--proofs``) runs the whole family per fork and checks that the other four pass.
+(``--proofs``) runs the family per fork and checks that the other four pass.
 """
 
 import pytest
+from flags import family
 from forks import bite_groups
 
 #: fork name -> (contract that must flag it, file under deepspeed/, old text, new text, what the edit breaks)
@@ -71,6 +72,9 @@ ENGINE_BUGS = {
 }
 
 
+#: The family less 005-f, which stock 0.19.8 (and so every copy of it) fails already: what the proof runs.
+SELECT = ",".join(sorted(family("005", but=("005-f",))))
+
 #: The cheap runs share forks: two bugs of one contract (005-c) never share one.
 BITE_GROUPS = bite_groups({name: ({bug[0]}, set()) for name, bug in ENGINE_BUGS.items()})
 
@@ -104,7 +108,7 @@ def test_suite_flags_engine_fork_with_its_contract(run_suite, engine_fork, name)
     """Why: these forks differ from stock 0.19.8 by one edit, so the other contracts of the family
     must let them through (the whole proof: --proofs, scripts/proofs.sh)."""
     contract, _, _, _, bug = ENGINE_BUGS[name]
-    run = run_suite(engine_fork(name), "005")
+    run = run_suite(engine_fork(name), SELECT)
     outcomes = run.outcomes()
     assert outcomes.get(contract) == "fail", (
         f"{contract} should flag the fork where {bug}, got {outcomes.get(contract)}; "
