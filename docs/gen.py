@@ -227,6 +227,11 @@ def _expectations() -> dict:
     return dict(sorted(found.items(), key=lambda kv: Version(kv[0])))
 
 
+def _listed(entry: dict) -> str:
+    """A release's cell for a listed contract: "listed", naming the profiles of one listed under some only."""
+    return f"listed ({', '.join(entry['profiles'])})" if entry.get("profiles") else "listed"
+
+
 def expectations_page() -> str:
     files = _expectations()
     contracts = _contracts()
@@ -240,7 +245,7 @@ def expectations_page() -> str:
         "|---|" + "---|" * len(releases),
     ]
     for cid in listed:
-        cells = ["listed" if cid in files[v] else "" for v in releases]
+        cells = [_listed(files[v][cid]) if cid in files[v] else "" for v in releases]
         out.append(f"| [{cid}](../reference/contracts.md#{anchor(cid)}) | " + " | ".join(cells) + " |")
     out.append("| **listed** | " + " | ".join(str(len(files[v])) for v in releases) + " |")
     out.append("")
@@ -249,6 +254,8 @@ def expectations_page() -> str:
         out += ["| contract | reason | cause pinned |", "|---|---|---|"]
         for cid, e in files[v].items():
             pinned = "; ".join(f"{k} {_code(e[k])}" for k in ("raises", "match") if e.get(k)) or "any failure"
+            if e.get("profiles"):
+                pinned += f"; under {', '.join(e['profiles'])} only"
             out.append(f"| {cid} | {_cell(e.get('reason', ''))} | {pinned} |")
         out.append("")
     return "\n".join(out)

@@ -7,13 +7,16 @@ TOML, comments allowed::
     "000-a" = { reason = "prefetch-skip retention (PR 9003)", match = "still gathered after .* released" }
     "001-b" = { reason = "stale release sets (PR 8883)", raises = "AssertionError" }
     "002-g" = "reason only: any failure of 002-g counts as this one"
+    "007-b" = { reason = "hpZ only (DeepSpeed issue 4901)", match = "already initialized", profiles = ["hpz"] }
 
 A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression,
 searched in the failure's text as ``pytest.raises(match=...)`` does) and ``raises`` (an exception
 type's name: the test's own exception or the one a rank raised) pin the failure's cause: a listed
 contract that fails for another cause is a new failure.  The plain ``"ID" = "reason"`` form pins no
 cause and expects any failure; prefer the table form, or a second, different bug behind the same ID
-goes unseen.  A listed contract that passes is an "unexpected pass" (a failure under
+goes unseen.  ``profiles`` (config profile names, ``--zero3-profile``) lists the contract's tests under
+those profiles only: a failure that only a profile's axis reaches is no expectation under the others,
+where the contract passes.  A listed contract that passes is an "unexpected pass" (a failure under
 ``--zero3-strict``, pytest's strict xfail); an ID that matches no collected contract is a warning.
 """
 
@@ -31,7 +34,8 @@ from pytest_zero3.outcome import first_failure
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
-    '(or raises = "ExceptionType"), or "000-a" = "reason" to expect any failure'
+    '(or raises = "ExceptionType"; profiles = ["hpz"] to list its tests under those profiles only), '
+    'or "000-a" = "reason" to expect any failure'
 )
 
 
@@ -45,6 +49,12 @@ class Expectation:
     #: Who lists it: the expectations file, or a baseline that fails the contract too (pytest_zero3.baseline),
     #: whose entries expect any failure and are never strict (a fix on the candidate is an improvement).
     source: str = "--zero3-expect"
+    #: The config profiles whose tests of the contract it lists (empty: every profile's).
+    profiles: tuple[str, ...] = ()
+
+    def covers(self, profile: str) -> bool:
+        """Whether it lists the contract's test under config profile ``profile``."""
+        return not self.profiles or profile in self.profiles
 
     @property
     def from_file(self) -> bool:
@@ -101,10 +111,11 @@ def _entry(path, cid: str, value) -> Expectation:
         value = {"reason": value}
     if not isinstance(value, dict):
         raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} must be a reason string or a table: {FORMS}.")
-    unknown = sorted(set(value) - {"reason", "match", "raises"})
+    unknown = sorted(set(value) - {"reason", "match", "raises", "profiles"})
     if unknown:
         raise pytest.UsageError(
-            f"--zero3-expect={path}: {cid!r} has unknown keys {', '.join(unknown)}; it may give reason, match, raises."
+            f"--zero3-expect={path}: {cid!r} has unknown keys {', '.join(unknown)}; "
+            "it may give reason, match, raises, profiles."
         )
     reason = value.get("reason")
     if not isinstance(reason, str) or not reason.strip():
@@ -119,7 +130,24 @@ def _entry(path, cid: str, value) -> Expectation:
             raise pytest.UsageError(
                 f"--zero3-expect={path}: {cid!r}'s match {value['match']!r} is no regular expression ({exc})."
             ) from None
-    return Expectation(reason, value.get("match"), value.get("raises"))
+    return Expectation(reason, value.get("match"), value.get("raises"), profiles=_profiles(path, cid, value))
+
+
+def _profiles(path, cid: str, value: dict) -> tuple[str, ...]:
+    if "profiles" not in value:
+        return ()
+    from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+
+    names = value["profiles"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise pytest.UsageError(f"--zero3-expect={path}: {cid!r}'s profiles must be a non-empty list of names.")
+    unknown = [n for n in names if n not in profiles.PROFILES]
+    if unknown:
+        raise pytest.UsageError(
+            f"--zero3-expect={path}: {cid!r} names unknown profiles {', '.join(unknown)}; "
+            f"choose from {', '.join(profiles.PROFILES)}."
+        )
+    return tuple(names)
 
 
 class KnownFailure(Failed):

@@ -66,6 +66,13 @@ def contract(item):
     return cid, str(statement)
 
 
+def profile(item) -> str:
+    """The config profile the item runs under: its ``zero3_profile`` parameter (the conformance suite
+    parametrises it under ``--zero3-profile``), else ``fp32``, the default."""
+    callspec = getattr(item, "callspec", None)
+    return (callspec.params.get("zero3_profile") if callspec else None) or "fp32"
+
+
 def check(items) -> None:
     """Read every zero3 marker once, at collection, as pytest-timeout checks its own: a bad one is a
     usage error naming the test, before any world starts."""

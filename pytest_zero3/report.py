@@ -168,11 +168,10 @@ class Report:
             c = markers.contract(item)
             if c:
                 item.user_properties.append(("zero3_contract", c[0]))
-                tests.setdefault(c[0], []).append(item)
+                if self._listed(item, c[0]) is not None:
+                    tests.setdefault(c[0], []).append(item)
         for cid, group in tests.items():
-            expected = self.expected.get(cid)
-            if expected is None:
-                continue
+            expected = self.expected[cid]
             strict = self.strict and expected.from_file
             if len(group) > 1 and strict:
                 self._pending[cid] = {"left": len(group), "passed": 0, "total": len(group)}
@@ -204,7 +203,13 @@ class Report:
     def expectation(self, item):
         """``(contract id, Expectation)`` of a listed contract test, else None."""
         c = markers.contract(item)
-        return (c[0], self.expected[c[0]]) if c and c[0] in self.expected else None
+        expected = self._listed(item, c[0]) if c else None
+        return None if expected is None else (c[0], expected)
+
+    def _listed(self, item, cid: str):
+        """The Expectation listing contract ``cid``'s test ``item`` (its profile's), else None."""
+        expected = self.expected.get(cid)
+        return expected if expected is not None and expected.covers(markers.profile(item)) else None
 
     def on_report(self, item, call, rep) -> None:
         """Read a contract test's outcome, as pytest made it, into the small ``zero3`` dict of its report."""
@@ -212,7 +217,7 @@ class Report:
         if c is None or not (rep.when == "call" or (rep.when == "setup" and not rep.passed)):
             return
         cid, statement = c
-        expected = self.expected.get(cid)
+        expected = self._listed(item, cid)
         status, reason, message = classify(call, rep, expected)
         state = self._pending.get(cid)
         if state is not None and rep.when == "call":

@@ -32,7 +32,11 @@
   module fed an input without grad waits for the leaf's parameter gradients, which torch computes
   after it fires (:mod:`pytest_zero3.reference_impl.leaf`);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
-  ``stage3_adaptive_prefetch_*`` keys.
+  ``stage3_adaptive_prefetch_*`` keys;
+* ``groups._create_zero_param_parallel_group`` (hpZ's secondary-partition group, a process global):
+  keeps a group of the asked size that an earlier ``zero.Init`` or engine made, where stock asserts
+  that none exists, so a second model built under ``zero.Init`` with hpZ in one process (TRL's
+  reference model) raises (DeepSpeed issue 4901; PR 8361, open, reuses the group alike).
 
 Both functions are idempotent; ``uninstall()`` restores every original.
 """
@@ -49,6 +53,7 @@ from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+from deepspeed.utils import groups
 
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
@@ -231,6 +236,21 @@ def _offload_partition_all_parameters(self):
             raise RuntimeError(f"{param.ds_summary()} expected to be released")
 
 
+def _create_zero_param_parallel_group(original):
+
+    @functools.wraps(original)
+    def create(group_size):
+        import deepspeed.comm as dist
+
+        if groups._ZERO_PARAM_INTRA_PARALLEL_GROUP is not None:
+            made = groups._get_zero_param_intra_parallel_group_world_size()
+            if made == min(group_size, dist.get_world_size()):
+                return None  # the group this size asks for: one per process serves every model
+        return original(group_size)
+
+    return create
+
+
 def install(coordinator=ReferenceCoordinator) -> None:
     """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine.
 
@@ -253,6 +273,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
         leaf_hooks=DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks,
         runtime_get_zero_config=ds_runtime_config.get_zero_config,
         zero_get_zero_config=ds_zero_config.get_zero_config,
+        hpz_group=groups._create_zero_param_parallel_group,
     )
     parameter_offload.PartitionedParameterCoordinator = coordinator
     parameter_offload.FWD_MODULE_STACK = WeakModuleStack(_saved["stack"])
@@ -267,6 +288,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
     )
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
+    groups._create_zero_param_parallel_group = _create_zero_param_parallel_group(_saved["hpz_group"])
 
 
 def uninstall() -> None:
@@ -285,6 +307,7 @@ def uninstall() -> None:
     DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = _saved["leaf_hooks"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
+    groups._create_zero_param_parallel_group = _saved["hpz_group"]
     _saved.clear()
 
 

@@ -147,10 +147,29 @@ def test_expectations_file_forms(tmp_path):
         ('"001-a" = { reason = "r", cause = "x" }', "unknown keys cause"),
         ('"001-a" = { match = "x" }', "non-empty reason"),
         ('"001-a" = 3', "a reason string or a table"),
+        ('"001-a" = { reason = "r", profiles = "hpz" }', "profiles must be a non-empty list"),
+        ('"001-a" = { reason = "r", profiles = ["hpz", "nope"] }', "unknown profiles nope; choose from fp32"),
     ):
         path.write_text(f"[expected_failures]\n{body}\n")
         with pytest.raises(pytest.UsageError, match=error):
             expectations.load(path)
+
+
+def test_an_entry_with_profiles_lists_those_profiles_tests_only(run_pytest, tmp_path):
+    """A failure only a profile's axis reaches is expected there; the contract's other tests stay unlisted
+    (an entry for every profile would make them unexpected passes, and hide a new failure under them)."""
+    expect = tmp_path / "expect.toml"
+    case = str(ROOT / "tests" / "data" / "profile_case.py")
+    entry = '"900-a" = { reason = "hpz breaks it", match = "the hpz axis", profiles = ["hpz"] }'
+    expect.write_text(f"[expected_failures]\n{entry}\n")
+    run = run_pytest(case, f"--zero3-expect={expect}", "--zero3-strict", "-rxX")
+    assert run.returncode == 0 and run.outcomes() == {"900-a": "known_failure"}, run.stdout
+    assert "XPASS" not in run.stdout, run.stdout  # the fp32 test is not listed: a plain pass
+    assert "XFAIL tests/data/profile_case.py::test_per_profile[hpz] - known failure 900-a" in run.stdout
+    zinit = entry.replace('["hpz"]', '["zinit"]')  # the failure under hpz is then no listed one
+    expect.write_text(f"[expected_failures]\n{zinit}\n")
+    run = run_pytest(case, f"--zero3-expect={expect}")
+    assert run.returncode == 1 and run.outcomes() == {"900-a": "fail"}, run.stdout
 
 
 def test_shipped_expectations_pin_a_cause_for_every_measured_failure():
