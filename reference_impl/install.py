@@ -31,6 +31,11 @@
 * ``DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks``: the gradient hook of a z3 leaf
   module fed an input without grad waits for the leaf's parameter gradients, which torch computes
   after it fires (:mod:`pytest_zero3.reference_impl.leaf`);
+* ``DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue`` (after a checkpoint load or save): drops the
+  hpZ secondary shard of every ZeRO-3 param of the module, frozen ones too, where stock's
+  ``invalidate_secondary_tensor`` walks only the optimizer's groups: after ``load_checkpoint`` the next
+  forward all-gathers a frozen param from its stale secondary shard, so a resumed model computes with
+  the frozen weights it had before the load (contract 007-e under hpZ; DeepSpeed bug 8);
 * ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
   ``stage3_adaptive_prefetch_*`` keys;
 * ``groups._create_zero_param_parallel_group`` (hpZ's secondary-partition group, a process global):
@@ -251,6 +256,19 @@ def _create_zero_param_parallel_group(original):
     return create
 
 
+def _epilogue_invalidating_frozen(original):
+    @functools.wraps(original)
+    def epilogue(self):
+        # before the original, which all-gathers the persistent params (from a secondary shard if the
+        # first of them still has one)
+        for param in self.module.parameters():
+            if getattr(param, "ds_secondary_tensor", None) is not None:
+                param.ds_secondary_tensor = None
+        return original(self)
+
+    return epilogue
+
+
 def install(coordinator=ReferenceCoordinator) -> None:
     """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine.
 
@@ -271,6 +289,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
         gathered_enter=GatheredParameters.__enter__,
         universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
         leaf_hooks=DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks,
+        epilogue=DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue,
         runtime_get_zero_config=ds_runtime_config.get_zero_config,
         zero_get_zero_config=ds_zero_config.get_zero_config,
         hpz_group=groups._create_zero_param_parallel_group,
@@ -286,6 +305,7 @@ def install(coordinator=ReferenceCoordinator) -> None:
     DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = create_hooks_with_leaf_gate(
         _saved["leaf_hooks"]
     )
+    DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = _epilogue_invalidating_frozen(_saved["epilogue"])
     ds_runtime_config.get_zero_config = get_zero_config
     ds_zero_config.get_zero_config = get_zero_config
     groups._create_zero_param_parallel_group = _create_zero_param_parallel_group(_saved["hpz_group"])
@@ -305,6 +325,7 @@ def uninstall() -> None:
     GatheredParameters.__enter__ = _saved["gathered_enter"]
     DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = _saved["universal"]
     DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = _saved["leaf_hooks"]
+    DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = _saved["epilogue"]
     ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
     ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
     groups._create_zero_param_parallel_group = _saved["hpz_group"]
