@@ -7,6 +7,8 @@ import json
 import pytest
 from pytest_zero3.fixtures import profiles
 
+from conftest import ROOT
+
 
 def test_profile_names_parse_and_unknown_ones_name_the_choices():
     assert profiles.parse_names(None) == ("fp32",)
@@ -117,17 +119,45 @@ def test_a_config_key_the_implementation_rejects_makes_the_contract_unsupported(
     assert run.returncode == 0, run.stdout[-3000:]
 
 
-@pytest.mark.slow
-def test_the_reference_passes_every_contract_under_every_cpu_profile(run_pytest):
-    """Why: the reference is the fix people use in production configs, so CI judges it under every axis
-    that runs here, each contract the profile applies to (``profiles.CONTRACTS``), not a sample."""
+#: Families 006 and 007 under the CPU profiles: their rules hold there (``profiles.CONTRACTS``), but
+#: compiled or offloaded, their models and re-wraps take minutes on 2 cores; the proof run judges them.
+_HEAVY_FILES = ("test_006_cost.py", "test_007_model_life.py")
+
+
+def _reference_under_cpu_profiles(run_pytest, families: str | None):
+    """The reference under every CPU profile; ``families``: "006,007" for those only, None for the rest."""
     cpu = [name for name, p in profiles.PROFILES.items() if not p.gpu_only and name != profiles.DEFAULT]
-    run = run_pytest("conformance", "--zero3-impl=reference", f"--zero3-profile={','.join(cpu)}", "-v")
+    heavy = lambda cid: cid.startswith(("006-", "007-"))  # noqa: E731 - the split of the two tests
+    if families:
+        run = run_pytest(
+            "conformance",
+            "--zero3-impl=reference",
+            f"--zero3-profile={','.join(cpu)}",
+            "-v",
+            f"--zero3-select={families}",
+        )
+    else:
+        ignored = [f"--ignore={ROOT / 'conformance' / name}" for name in _HEAVY_FILES]
+        run = run_pytest("conformance", "--zero3-impl=reference", f"--zero3-profile={','.join(cpu)}", "-v", *ignored)
     assert run.returncode == 0, run.stdout[-4000:]
     outcomes = run.outcomes()
     for name in cpu:
-        for cid in sorted(profiles.CONTRACTS[name]):
+        for cid in sorted(c for c in profiles.CONTRACTS[name] if heavy(c) == bool(families)):
             assert outcomes.get(cid) == "pass", f"{cid} under {name}: {outcomes.get(cid)}\n{run.stdout[-4000:]}"
         passed = [line for line in run.stdout.splitlines() if f"[{name}" in line and " PASSED" in line]
         assert passed, f"no test passed under {name}:\n{run.stdout[-4000:]}"
     assert "FAILED" not in run.stdout and "ERROR" not in run.stdout, run.stdout[-4000:]
+
+
+@pytest.mark.slow
+def test_the_reference_passes_every_contract_under_every_cpu_profile(run_pytest):
+    """Why: the reference is the fix people use in production configs, so CI judges it under every axis
+    that runs here, each contract the profile applies to (``profiles.CONTRACTS``), not a sample; families
+    006 and 007 in the proof run (below)."""
+    _reference_under_cpu_profiles(run_pytest, None)
+
+
+@pytest.mark.proof
+def test_the_reference_passes_families_006_and_007_under_every_cpu_profile(run_pytest):
+    """Why: as above, for the cost and model's-life contracts (about two minutes more on 2 cores)."""
+    _reference_under_cpu_profiles(run_pytest, "006,007")
