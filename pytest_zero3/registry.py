@@ -33,6 +33,15 @@ def path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "contracts.toml")
 
 
+def field_problems(missing, unknown) -> str:
+    """What is wrong with a TOML table's fields ("lacks x; has unknown y"), "" when nothing: one wording
+    for the registry and the DeepSpeed unit-test contradictions file (scripts/ds_unit/ds_unit.py)."""
+    return "; ".join(
+        ([f"lacks {', '.join(missing)}"] if missing else [])
+        + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
+    )
+
+
 @functools.cache
 def load(file: str = "") -> dict:
     """``{id: Contract}``; a malformed entry raises ValueError naming the ID and the field."""
@@ -40,16 +49,9 @@ def load(file: str = "") -> dict:
         table = tomllib.load(fh).get("contracts", {})
     out = {}
     for cid, entry in table.items():
-        missing = [f for f in FIELDS if f not in entry]
-        unknown = sorted(set(entry) - set(FIELDS))
-        if missing or unknown:
-            raise ValueError(
-                f"contracts.toml: [contracts.{cid!r}] "
-                + "; ".join(
-                    ([f"lacks {', '.join(missing)}"] if missing else [])
-                    + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
-                )
-            )
+        problem = field_problems([f for f in FIELDS if f not in entry], sorted(set(entry) - set(FIELDS)))
+        if problem:
+            raise ValueError(f"contracts.toml: [contracts.{cid!r}] {problem}")
         out[cid] = Contract(cid, **{f: entry[f] for f in FIELDS})
     return out
 

@@ -20,6 +20,8 @@ import os
 import re
 import sys
 
+from pytest_zero3.registry import field_problems
+
 try:
     import tomllib
 except ImportError:  # Python < 3.11
@@ -61,16 +63,12 @@ def load_contradictions(path: str = CONTRADICTIONS) -> dict[str, Contradiction]:
             raise ValueError(
                 f"{where}: a test ID is 'tests/unit/<path>.py::<node>', relative to the DeepSpeed checkout"
             )
-        missing = [f for f in ("contract", "reason") if not entry.get(f)]
-        unknown = sorted(set(entry) - {"contract", "reason", "since"})
-        if missing or unknown:
-            raise ValueError(
-                f"{where}: "
-                + "; ".join(
-                    ([f"lacks {', '.join(missing)}"] if missing else [])
-                    + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
-                )
-            )
+        problem = field_problems(
+            [f for f in ("contract", "reason") if not entry.get(f)],
+            sorted(set(entry) - {"contract", "reason", "since"}),
+        )
+        if problem:
+            raise ValueError(f"{where}: {problem}")
         out[test] = Contradiction(test, entry["contract"], entry["reason"], entry.get("since", ""))
     return out
 
