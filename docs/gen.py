@@ -11,6 +11,10 @@ A page asks for a part with a line ``<!-- gen:NAME -->``; :func:`fill` replaces 
 * ``options``: the option table, from ``pytest_zero3.options.OPTIONS``;
 * ``expectations``: the known failures of each release, from ``conformance/expectations/*.toml``;
 * ``bugs``: where the expectations files list each new DeepSpeed bug the suite found;
+* ``stock-failures``: what the newest release's expectations file lists, by profile (the counts the
+  README states are checked against the same functions by ``tests/test_docs.py``);
+* ``matrix-releases``: the releases of the release matrix (``pytest_zero3/impl.py``), and which of them
+  the committed table has results for;
 * ``fork-ci``: the fork CI workflow, ``examples/fork-ci.yml``.
 
 Nothing here imports torch or deepspeed: the sources are read as text, TOML and Python syntax trees.
@@ -44,7 +48,7 @@ def _contracts() -> dict:
 
 
 # Families in the order of the manual; a family not listed here comes after them, in name order.
-FAMILY_ORDER = ("000", "001", "002", "003", "004", "005", "rule", "zoo", "base")
+FAMILY_ORDER = ("000", "001", "002", "003", "004", "005", "006", "007", "rule", "zoo", "base")
 
 
 def _family_key(name: str):
@@ -275,6 +279,82 @@ def bugs_page() -> str:
     return "\n".join(lines)
 
 
+def impl_constants() -> dict:
+    """``MIN_DEEPSPEED``, ``MIN_DEEPSPEED_REFERENCE`` and ``MATRIX_RELEASES`` of ``pytest_zero3/impl.py``,
+    read from its syntax tree (the module itself imports the plugin's layers)."""
+    tree = ast.parse((ROOT / "pytest_zero3" / "impl.py").read_text())
+    wanted = ("MIN_DEEPSPEED", "MIN_DEEPSPEED_REFERENCE", "MATRIX_RELEASES")
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in wanted:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found
+
+
+def stock_release() -> str:
+    """The release stock runs are measured on: the newest with an expectations file."""
+    return list(_expectations())[-1]
+
+
+def listed_under(release: str, profile: str | None = None) -> list:
+    """IDs the release's expectations file lists for a run of ``profile`` (None: the default profile),
+    in the manual's order: an entry with ``profiles`` applies under those only."""
+    entries = _expectations()[release]
+    ids = [cid for cid, e in entries.items() if not e.get("profiles") or profile in e["profiles"]]
+    contracts = _contracts()
+    return sorted(ids, key=lambda i: (_family_key(contracts[i].family) if i in contracts else (99, ""), i))
+
+
+def _and(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def stock_failures() -> str:
+    """One sentence: what stock fails by its expectations file, under the default profile and each other."""
+    v = stock_release()
+    default = listed_under(v)
+    text = (
+        f"Stock deepspeed {v} fails {len(default)} contracts under the default profile, each listed with its "
+        f"cause in `conformance/expectations/deepspeed-{v}.toml`: {_and(default)}"
+    )
+    profiles = sorted({p for e in _expectations()[v].values() for p in e.get("profiles") or ()})
+    extra = [
+        f"under the `{p}` profile also {_and(i for i in listed_under(v, p) if i not in default)}" for p in profiles
+    ]
+    return text + ("; " + "; ".join(extra) if extra else "") + "."
+
+
+MATRIX_PAGE = ROOT / "docs" / "results" / "release-matrix.md"
+
+
+def matrix_columns() -> dict:
+    """``{release: has results}`` for each column of the committed release-matrix table."""
+    table = MATRIX_PAGE.read_text().split("<!-- release-matrix:start -->", 1)[1].split("<!-- release-matrix:end -->")[0]
+    header = next(line for line in table.splitlines() if line.startswith("| contract |"))
+    return {m.group(1): not m.group(2) for m in re.finditer(r"\*\*([\d.]+)\*\*(<br>not run)?", header)}
+
+
+def matrix_releases() -> str:
+    """Which releases the matrix runs, and which the table below has results for."""
+    releases = impl_constants()["MATRIX_RELEASES"]
+    columns = matrix_columns()
+    measured = [v for v in releases if columns.get(v)]
+    missing = [v for v in releases if not columns.get(v)]
+    text = (
+        f"The matrix runs {len(releases)} releases, {_and(releases)} (`MATRIX_RELEASES` in `pytest_zero3/impl.py`, "
+        "`RELEASES` in `scripts/release-matrix.sh`), each with its expectations file and its `ds-X.Y.Z` tox env."
+    )
+    if missing:
+        text += (
+            f" The table has results for {_and(measured) or 'none of them'}; the script has not run "
+            f"{_and(missing)} yet, so their columns say so: what their expectations files list (each file's "
+            "header says how it was measured) is [below](#what-each-expectations-file-lists)."
+        )
+    return text
+
+
 def fork_ci() -> str:
     """``examples/fork-ci.yml`` as it is, so the guide shows the workflow a fork copies."""
     return "```yaml\n" + (ROOT / "examples" / "fork-ci.yml").read_text().rstrip("\n") + "\n```"
@@ -287,6 +367,8 @@ PARTS = {
     "options": options_table,
     "expectations": expectations_page,
     "bugs": bugs_page,
+    "stock-failures": stock_failures,
+    "matrix-releases": matrix_releases,
     "fork-ci": fork_ci,
 }
 

@@ -9,7 +9,8 @@
 # docs/release-matrix.md). A second run reuses the wheels and the venvs.
 #
 # Usage: scripts/release-matrix.sh [RELEASE...]     (default: the releases below; with releases given,
-#        only those are built and run, and the table keeps the other columns from their last reports)
+#        only those are built and run, and the table keeps the other columns from their last reports,
+#        or from the pages as committed where this machine has no report of them)
 # Settings (environment):
 #   ZERO3_MATRIX_CACHE   wheel cache; venvs and logs go under it
 #                        (default: ${XDG_CACHE_HOME:-~/.cache}/pytest-zero3/ds-wheels)

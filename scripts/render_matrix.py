@@ -6,7 +6,10 @@ versions 1 and 2 are read as they are, version 1 with the later outcome words) a
 the release could not run) from ``--reports``. Writes the table into the manual's release-matrix page
 (``--page``, ``docs/results/release-matrix.md``) between the ``release-matrix`` markers, and the failure
 messages into ``--details`` (``docs/release-matrix.md``), so that every FAIL in the table is one click
-from its message. Generated, never hand-edited: re-run the script.
+from its message. A release with no status file here (the script never ran it on this machine) keeps
+the column and the messages the pages already have, so a run of some releases elsewhere leaves the
+others as last measured; one with neither is a column saying it was not run. Every release given is a
+column. Generated, never hand-edited: re-run the script.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 from packaging.version import Version
 
@@ -41,6 +45,8 @@ def version_key(v):
 
 
 def load(reports, release):
+    """``(status, report)`` of a release; the status is None when the script never ran the release here."""
+
     def read(name):
         try:
             with open(os.path.join(reports, name)) as fh:
@@ -48,7 +54,9 @@ def load(reports, release):
         except (OSError, ValueError):
             return None
 
-    status = read(f"deepspeed-{release}.status.json") or {"error": "not run"}
+    status = read(f"deepspeed-{release}.status.json")
+    if status is None:
+        return None, None
     report = None if status.get("error") else read(f"deepspeed-{release}.json")
     if report is None and not status.get("error"):
         status["error"] = "no report"
@@ -130,82 +138,117 @@ def clip(text, limit=1500):
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def contract_rows(reports):
+def not_run(release):
+    """Why a release has no column of results: the script has not run it where the pages were made."""
+    return f"no report yet (`bash scripts/release-matrix.sh {release}` runs it)"
+
+
+def column(release, status, report):
+    """One release's column from its report (or, with none, the reason it did not run): the header
+    cell, ``{id: (statement, shown)}``, the totals and the gate cells."""
+    cell = f"**{release}**"
+    if status.get("torch") and status.get("torch") != status.get("default_torch"):
+        cell += f"<br>torch {status['torch']} (does not import on {status['default_torch']})"
+    if report is None:
+        return dict(header=cell + f"<br>not run: {status.get('error') or not_run(release)}", rows=None)
+    s = report["summary"]
+    ok = str(status.get("exit")) == "0" and status.get("expectations")
+    return dict(
+        header=cell,
+        rows={c["id"]: (c["statement"], SHOWN.get(c["outcome"], c["outcome"])) for c in report["contracts"]},
+        totals=f"{s['pass'] + s['unexpected_pass']} / {s['fail'] + s['known_failure']} / {s['unsupported']}",
+        gate=f"{'yes' if ok else 'NO'} ({status.get('seconds', '?')} s)",
+    )
+
+
+def _cells(line):
+    """A Markdown table row's cells, ``\\|`` inside a cell kept as ``|``."""
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def page_columns(page):
+    """The columns of results in the table already on the page, ``{release: column}``: what a run that
+    has no report of a release (another machine made the last one) keeps, as :func:`column` makes them."""
+    if START not in page or END not in page:
+        return {}
+    lines = [line for line in page.split(START, 1)[1].split(END, 1)[0].splitlines() if line.startswith("|")]
+    if len(lines) < 2:
+        return {}
+    header = _cells(lines[0])[1:-1]
+    releases = [re.match(r"\*\*([^*]+)\*\*", h) for h in header]
+    cols = {m.group(1): dict(header=h, rows={}) for m, h in zip(releases, header) if m and "not run:" not in h}
+    for line in lines[2:]:
+        cells = _cells(line)
+        first, values = cells[0], cells[1 : 1 + len(header)]
+        for m, value in zip(releases, values):
+            if not m or m.group(1) not in cols:
+                continue
+            col = cols[m.group(1)]
+            if first == "**pass / FAIL / unsupported**":
+                col["totals"] = value
+            elif first == "**green with its expectations file**":
+                col["gate"] = value
+            else:
+                row = re.match(r"`([^`]+)` (.*)", first)
+                shown = re.sub(r"^\[([^\]]+)\]\(.*\)$", r"\1", value)
+                if row and shown != "absent":
+                    col["rows"][row.group(1)] = (row.group(2), shown)
+    return cols
+
+
+def page_sections(details):
+    """``{release: text}``: each release's section of the failure-message page already there."""
+    parts = re.split(r"^(?=## deepspeed )", details, flags=re.M)[1:]
+    return {p.split("\n", 1)[0].removeprefix("## deepspeed ").strip(): p.rstrip("\n") + "\n" for p in parts}
+
+
+def contract_rows(columns):
+    """``{id: statement}`` of every contract in any column, a report's statement before a kept one's."""
     rows = {}
-    for report in reports.values():
-        for c in report["contracts"]:
-            rows.setdefault(c["id"], c["statement"])
+    for col in sorted(columns.values(), key=lambda c: "kept" in c):
+        for cid, (statement, _shown) in (col["rows"] or {}).items():
+            rows.setdefault(cid, statement)
     return dict(sorted(rows.items()))
 
 
-def changes(releases, reports, cid):
+def changes(releases, columns, cid):
     """'0.19.3: FAIL → pass' for every release whose outcome differs from the previous one's."""
     out, prev = [], None
     for v in releases:
-        if v not in reports:
+        rows = columns[v]["rows"]
+        if rows is None:
             continue
-        row = next((c for c in reports[v]["contracts"] if c["id"] == cid), None)
-        shown = SHOWN.get(row["outcome"], row["outcome"]) if row else "absent"
+        shown = rows[cid][1] if cid in rows else "absent"
         if prev is not None and shown != prev:
             out.append(f"{v}: {prev} → {shown}")
         prev = shown
     return out
 
 
-def render(releases, reports, statuses, link_base):
-    lines = []
-    head = ["contract"]
-    for v in releases:
-        st = statuses[v]
-        cell = f"**{v}**"
-        if st.get("torch") and st.get("torch") != st.get("default_torch"):
-            cell += f"<br>torch {st['torch']} (does not import on {st['default_torch']})"
-        if st.get("error"):
-            cell += f"<br>not run: {st['error']}"
-        head.append(cell)
-    head.append("first change (in release order)")
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
-    for cid, statement in contract_rows(reports).items():
+def render(releases, columns, link_base):
+    head = ["contract", *(columns[v]["header"] for v in releases), "first change (in release order)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cid, statement in contract_rows(columns).items():
         cells = [f"`{cid}` {statement}"]
         for v in releases:
-            if v not in reports:
-                cells.append("—")
-                continue
-            row = next((c for c in reports[v]["contracts"] if c["id"] == cid), None)
-            if row is None:
-                cells.append("absent")
-                continue
-            shown = SHOWN.get(row["outcome"], row["outcome"])
+            rows = columns[v]["rows"]
+            shown = "—" if rows is None else rows[cid][1] if cid in rows else "absent"
             if shown in LINKED:
                 shown = f"[{shown}]({link_base}#{anchor(v, cid)})"
             cells.append(shown)
-        ch = changes(releases, reports, cid)
+        ch = changes(releases, columns, cid)
         cells.append(ch[0] if ch else "same in every release")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    totals = ["**pass / FAIL / unsupported**"]
-    for v in releases:
-        if v not in reports:
-            totals.append("—")
-            continue
-        s = reports[v]["summary"]
-        totals.append(f"{s['pass'] + s['unexpected_pass']} / {s['fail'] + s['known_failure']} / {s['unsupported']}")
-    totals.append("")
-    lines.append("| " + " | ".join(totals) + " |")
-    gate = ["**green with its expectations file**"]
-    for v in releases:
-        st = statuses[v]
-        if v not in reports:
-            gate.append("—")
-        else:
-            ok = str(st.get("exit")) == "0" and st.get("expectations")
-            gate.append(f"{'yes' if ok else 'NO'} ({st.get('seconds', '?')} s)")
-    gate.append("")
-    lines.append("| " + " | ".join(gate) + " |")
+    for label, key in (("**pass / FAIL / unsupported**", "totals"), ("**green with its expectations file**", "gate")):
+        cells = [label, *(columns[v].get(key, "—") if columns[v]["rows"] is not None else "—" for v in releases), ""]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def details(releases, reports, statuses):
+def details(releases, reports, statuses, kept=None):
+    """The failure-message page; a release with neither a report nor a status keeps its section from
+    ``kept`` (the page as it was), else says it was not run."""
+    kept = kept or {}
     out = [
         "# The release matrix: failure messages",
         "",
@@ -216,10 +259,13 @@ def details(releases, reports, statuses):
     ]
     for v in releases:
         st = statuses[v]
+        if st is None and v in kept:
+            out += [kept[v].rstrip("\n"), ""]
+            continue
         out.append(f"## deepspeed {v}")
         out.append("")
         if v not in reports:
-            out += [f"Not run: {st.get('error')}", ""]
+            out += [f"Not run: {(st or {}).get('error') or not_run(v)}", ""]
             continue
         imp = reports[v]["implementation"]
         out += [
@@ -253,26 +299,42 @@ def main(argv=None):
     ap.add_argument("--page", required=True, help="the Markdown page whose release-matrix markers get the table")
     ap.add_argument("--details", required=True, help="the Markdown page the failure messages are written to")
     args = ap.parse_args(argv)
-    releases = sorted(args.releases, key=version_key)
-    statuses, reports = {}, {}
-    for v in releases:
-        statuses[v], rep = load(args.reports, v)
-        if rep is not None:
-            reports[v] = rep
-    link = os.path.relpath(os.path.abspath(args.details), os.path.dirname(os.path.abspath(args.page)))
-    table = render(releases, reports, statuses, link.replace(os.sep, "/"))
+    releases = sorted(set(args.releases), key=version_key)
     with open(args.page) as fh:
         page = fh.read()
     if START not in page or END not in page:
         raise SystemExit(f"{args.page}: add the lines {START} and {END} where the matrix goes.")
+    try:
+        with open(args.details) as fh:
+            old_details = fh.read()
+    except OSError:
+        old_details = ""
+    # A release the script never ran here (no status file) keeps the column and the messages the pages
+    # already have; one it ran shows this run's outcome, or why it could not run.
+    kept_columns, kept_sections = page_columns(page), page_sections(old_details)
+    statuses, reports, columns = {}, {}, {}
+    for v in releases:
+        statuses[v], rep = load(args.reports, v)
+        if rep is not None:
+            reports[v] = rep
+        if statuses[v] is None and v in kept_columns and v in kept_sections:
+            columns[v] = dict(kept_columns[v], kept=True)
+        else:
+            columns[v] = column(v, statuses[v] or {"error": not_run(v)}, rep)
+    link = os.path.relpath(os.path.abspath(args.details), os.path.dirname(os.path.abspath(args.page)))
+    table = render(releases, columns, link.replace(os.sep, "/"))
     pre, rest = page.split(START, 1)
     _, post = rest.split(END, 1)
     with open(args.page, "w") as fh:
         fh.write(pre + START + "\n" + "\n".join(table) + "\n" + END + post)
     os.makedirs(os.path.dirname(os.path.abspath(args.details)), exist_ok=True)
+    kept = [v for v in releases if columns[v].get("kept")]
     with open(args.details, "w") as fh:
-        fh.write("\n".join(details(releases, reports, statuses)) + "\n")
-    print(f"matrix of {len(releases)} releases written to {args.page} and {args.details}")
+        fh.write("\n".join(details(releases, reports, statuses, {v: kept_sections[v] for v in kept})) + "\n")
+    print(
+        f"matrix of {len(releases)} releases written to {args.page} and {args.details}"
+        + (f" ({', '.join(kept)} kept from the pages: no report here)" if kept else "")
+    )
 
 
 if __name__ == "__main__":

@@ -169,3 +169,52 @@ def test_the_plugin_writes_what_the_schema_says(render):
 
     assert report.SCHEMA_VERSION == max(render.schema()["properties"]["version"]["enum"]) == 4
     assert pathlib.Path(report.SCHEMA_FILE).resolve() == pathlib.Path(render.SCHEMA_FILE).resolve()
+
+
+def test_a_release_with_no_report_here_keeps_its_column_and_messages(render, tmp_path):
+    """Why (issue 38): the reports live on the machine that ran the script, so a run of two new releases
+    elsewhere could only redraw the others as "not run".  A release with no status file keeps the column
+    and the messages the pages have (re-rendering them changes nothing); a release never measured is a
+    column that says so; one this run measured replaces its kept column."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    page, details = _pages(tmp_path, "before\n<!-- release-matrix:start -->\n<!-- release-matrix:end -->\nafter\n")
+    outcomes = {"0.19.2": {"002-a": "known failure", "003-a": "unsupported", "004-b": "pass"}}
+    outcomes["0.19.8"] = {"002-a": "pass", "003-a": "unsupported", "004-b": "pass"}
+    for v, out in outcomes.items():
+        (reports / f"deepspeed-{v}.json").write_text(json.dumps(_report(v, out)))
+        (reports / f"deepspeed-{v}.status.json").write_text(
+            json.dumps(dict(exit="0", expectations=f"deepspeed-{v}.toml", seconds="7"))
+        )
+    render.main(["0.19.2", "0.19.8", "--reports", str(reports), *page_args(page, details)])
+    first_page, first_details = page.read_text(), details.read_text()
+
+    # Elsewhere: no reports at all, the same releases plus one never run.  The two keep what they had.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    render.main(["0.14.5", "0.19.2", "0.19.8", "--reports", str(elsewhere), *page_args(page, details)])
+    text = page.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| contract"))
+    assert "**0.14.5**<br>not run: no report yet (`bash scripts/release-matrix.sh 0.14.5` runs it)" in header
+    assert header.index("0.14.5") < header.index("0.19.2")
+    row = next(line for line in text.splitlines() if line.startswith("| `002-a`"))
+    assert row == (
+        "| `002-a` statement of 002-a | — | [FAIL](../release-matrix.md#ds-0-19-2-002-a) | pass | 0.19.8: FAIL → pass |"
+    )
+    assert "| **green with its expectations file** | — | yes (7 s) | yes (7 s) |  |" in text
+    messages = details.read_text()
+    assert "## deepspeed 0.14.5\n\nNot run: no report yet" in messages
+    assert messages.split("## deepspeed 0.19.2", 1)[1] == first_details.split("## deepspeed 0.19.2", 1)[1]
+
+    # Without the new release, the pages are as the reports made them: keeping is exact.
+    render.main(["0.19.2", "0.19.8", "--reports", str(elsewhere), *page_args(page, details)])
+    assert page.read_text() == first_page and details.read_text() == first_details
+
+    # A release run here again replaces its kept column.
+    (reports / "deepspeed-0.19.8.json").write_text(
+        json.dumps(_report("0.19.8", {"002-a": "FAIL", "003-a": "unsupported", "004-b": "pass"}))
+    )
+    (reports / "deepspeed-0.19.2.status.json").unlink()
+    render.main(["0.19.2", "0.19.8", "--reports", str(reports), *page_args(page, details)])
+    row = next(line for line in page.read_text().splitlines() if line.startswith("| `002-a`"))
+    assert "[FAIL](../release-matrix.md#ds-0-19-8-002-a)" in row and row.endswith("| same in every release |")
