@@ -2,7 +2,7 @@
 
 A coordinator only decides *when* parameters are gathered and released; it must never change a
 number.  So training a model with ZeRO-3 on 2 ranks must reproduce a plain single-process torch run
-of the same model, seed and global batches (``pytest_zero3.fixtures.reference.train_plain``), and after every
+of the same model, seed and global batches (the twin, ``pytest_zero3.fixtures.twin``), and after every
 step the engine must be back to its resting state: non-persistent params partitioned, persistent
 params gathered, no module claiming a param.
 
