@@ -22,14 +22,17 @@ this module::
      "contracts": [{"id", "family", "statement", "source", "outcome", "reason", "message",
                     "expected_cause", "duration", "tests": [nodeid],
                     "ranks": [{"rank", "status", "message", "traceback"}],
-                    "baseline": null | {"outcome", "reason", "message"}, "verdict"}]}
+                    "baseline": null | {"outcome", "reason", "message"}, "verdict"}],
+     "surface": null | {"source", "total", "driven", "with_reason", "reasons", "gaps", "unknown", "missing"}}
 
 ``reason`` is the expectation's reason for a known failure; ``message`` is the failure itself (fail
 and known_failure), so a report made with an expectations file still shows what failed;
 ``expected_cause`` is the cause the expectations file pins ("" when none).
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
-``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  Version 4
+``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  ``surface`` is
+the ZeRO-3 surface map's coverage of the implementation (:mod:`pytest_zero3.fixtures.surface`; optional,
+absent in older reports).  Version 4
 added the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had
 neither; version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
 """
@@ -125,6 +128,11 @@ class Report:
         keys = zero_keys.header(info.get("deepspeed_path", ""))
         if keys:  # a fork's own ZeRO keys, or ones it lacks: what the rule family's draw leaves out
             lines.append("zero3: " + keys)
+        from pytest_zero3.fixtures import surface
+
+        entries = surface.header(info.get("deepspeed_path", ""))
+        if entries:  # a fork's own ZeRO-3 entry points, options or config keys, or ones it lacks
+            lines.append("zero3: " + entries)
         lines += [f"zero3: warning: {w}" for w in [impl.base_warning(settings.spec)] if w]
         return lines
 
@@ -387,6 +395,16 @@ class Report:
         )
         if base_spec is not None:
             tr.write_line(verdict_line(rows, base_spec))
+        covered = self.surface()
+        if covered is not None:
+            tr.write_line(surface_line(covered))
+
+    def surface(self) -> dict | None:
+        """The surface map's coverage of the implementation (None where it cannot be read)."""
+        from pytest_zero3.fixtures import surface  # lazy: the suite's package, loaded by a session that uses it
+
+        covered = surface.summary(impl.describe_without_import(self.settings.spec).get("deepspeed_path", ""))
+        return covered.as_dict() if covered is not None else None
 
     def unexpected_passes(self) -> list:
         """Contracts the expectations file lists that passed (a baseline's failure passing is an improvement)."""
@@ -408,6 +426,7 @@ class Report:
             baseline=self.baseline_implementation(),
             summary=summary(rows),
             contracts=rows,
+            surface=self.surface(),
         )
         for option, path, render in (
             ("--zero3-report", self.settings.report, lambda: json.dumps(doc, indent=2)),
@@ -557,7 +576,25 @@ def markdown(doc: dict) -> str:
     lines += ["", ", ".join(f"{s[k.value]} {k.label}" for k in SHOWN if s[k.value]) + f" (of {s['total']} contracts)"]
     if theirs:
         lines += ["", verdict_line(doc["contracts"], theirs["spec"])]
+    if doc.get("surface"):
+        lines += ["", surface_line(doc["surface"])]
     return "\n".join([*lines, ""])
+
+
+def surface_line(covered: dict) -> str:
+    """The surface map's coverage in one line: counts, then the gaps by name (options beside their entry)."""
+    from pytest_zero3.fixtures import surface
+
+    kinds = ", ".join(f"{n} {surface.KINDS[k]}" for k, n in covered["reasons"].items() if k != "gap" and n)
+    text = (
+        f"ZeRO-3 surface: {covered['total']} entries, {covered['driven']} driven by a contract, "
+        f"{covered['with_reason']} with a reason ({kinds}), {len(covered['gaps'])} not yet driven"
+    )
+    if covered["gaps"]:
+        text += ": " + ", ".join(surface.grouped(covered["gaps"]))
+    if covered["unknown"]:
+        text += f"; not in the map: {', '.join(covered['unknown'])}"
+    return text
 
 
 def verdict_line(rows, spec: str) -> str:
