@@ -1,55 +1,17 @@
 """Swap the reference coordinator into the installed deepspeed, and take it out again.
 
-``install()`` patches, in deepspeed:
-
-* ``parameter_offload.PartitionedParameterCoordinator``: the name ``DeepSpeedZeRoOffload`` resolves
-  when it builds its coordinator (it imported the class by name, so patching the defining module
-  would change nothing);
-* ``DeepSpeedZeRoOffload.__init__``: reads the adaptive-prefetch keys from the ds_config it is given
-  and passes them, with its data-parallel group, to the coordinator constructor, whatever the class,
-  when its constructor takes them (by name or ``**kwargs``; see ``pytest_zero3/protocol.py``); a
-  class that does not gets the stock keywords only, with a rank-0 warning when adaptation is on; and
-  it remembers the offload (weakly), whose coordinator ``GatheredParameters`` asks (below);
-* ``parameter_offload.FWD_MODULE_STACK``: the global stack of running modules held every root module
-  ever registered, so an engine's model (and through its hook closures the offload and coordinator)
-  outlived ``engine.destroy()``. It becomes a stack of weak references; ``destroy()`` removes the
-  root it pushed, and the end of backward (``release_backward_leftovers``) drops entries that
-  early-stopped checkpoint recomputes pushed and never popped;
-* ``GatheredParameters.__enter__``: first asks each coordinator to complete the all-gathers it has in
-  flight for the params it is given (``complete_inflight``; between a forward and its backward the
-  prefetches aimed at backward uses are in flight; contract 005-f).
-  Stock gathers only NOT_AVAILABLE params and leaves an INFLIGHT one as it is: inside the context the
-  user reads it empty (``torch.Size([0])`` at two ranks or more), on exit ``partition`` raises on it,
-  and under ``unwrap_model_for_generation``, whose hook re-registration drains the in-flight
-  gathers inside the context, ``enable_sanity_checks`` reports the params as modified in place;
-* ``DeepSpeedZeRoOffload.partition_all_parameters`` (optimizer step, checkpoint save): accepts a
-  param still gathered while an open ``GatheredParameters`` holds it (the coordinator keeps it), and
-  skips plain params (a module attached after ``deepspeed.initialize``: stock reads their missing
-  ``ds_status`` and raises at the first optimizer step);
-* ``DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint``: also restores frozen params
-  (:mod:`pytest_zero3.reference_impl.checkpoint`);
-* ``DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks``: the gradient hook of a z3 leaf
-  module fed an input without grad waits for the leaf's parameter gradients, which torch computes
-  after it fires (:mod:`pytest_zero3.reference_impl.leaf`);
-* ``DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue`` (after a checkpoint load or save): drops the
-  hpZ secondary shard of every ZeRO-3 param of the module, frozen ones too, where stock's
-  ``invalidate_secondary_tensor`` walks only the optimizer's groups: after ``load_checkpoint`` the next
-  forward all-gathers a frozen param from its stale secondary shard, so a resumed model computes with
-  the frozen weights it had before the load (contract 007-e under hpZ; DeepSpeed bug 8);
-* ``get_zero_config`` (where ``DeepSpeedConfig`` resolves it): accepts and validates the
-  ``stage3_adaptive_prefetch_*`` keys;
-* ``groups._create_zero_param_parallel_group`` (hpZ's secondary-partition group, a process global):
-  keeps a group of the asked size that an earlier ``zero.Init`` or engine made, where stock asserts
-  that none exists, so a second model built under ``zero.Init`` with hpZ in one process (TRL's
-  reference model) raises (DeepSpeed issue 4901; PR 8361, open, reuses the group alike).
-
-Both functions are idempotent; ``uninstall()`` restores every original.
+:data:`PATCHES` is what ``install()`` changes in deepspeed, one row per attribute (its owner, the
+attribute, the factory of the replacement, why, and the oldest DeepSpeed release the row applies to);
+``install()`` applies the rows in order, ``uninstall()`` restores exactly what it replaced, in reverse
+order.  Both functions are idempotent.
 """
 
+import dataclasses
 import functools
 import inspect
 import weakref
 from collections.abc import MutableSequence
+from typing import Any, Callable, Optional
 
 import deepspeed.runtime.config as ds_runtime_config
 import deepspeed.runtime.zero.config as ds_zero_config
@@ -66,7 +28,6 @@ from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn
 from .leaf import create_hooks_with_leaf_gate
 from .trace import zero_params
 
-_saved = {}  # original objects while installed; empty when not installed
 #: the ZeRO-3 offloads built while installed: GatheredParameters asks each one's coordinator to complete
 #: the all-gathers it has in flight for the context's params
 _offloads = weakref.WeakSet()
@@ -269,67 +230,177 @@ def _epilogue_invalidating_frozen(original):
     return epilogue
 
 
-def install(coordinator=ReferenceCoordinator) -> None:
-    """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine.
+def _keep_live_entries(original, installed) -> None:
+    """Uninstalling the weak stack: the original list takes the modules still on it."""
+    original[:] = list(installed)
 
-    The fixes around the coordinator (the weak module stack, the adaptive-prefetch config keys) are
-    installed whatever the class, so that a coordinator given to pytest-zero3 as ``module:Class`` is
-    judged on its own behaviour rather than on DeepSpeed's bugs elsewhere.
-    """
+
+def _wrapper(wrap: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """A row's factory that wraps the original: ``wrap(original)``."""
+    return lambda original, coordinator: wrap(original)
+
+
+def _replacement(value) -> Callable[[Any, Any], Any]:
+    """A row's factory that puts ``value`` in place of the original."""
+    return lambda original, coordinator: value
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One attribute ``install()`` replaces in deepspeed."""
+
+    owner: Any  # the module or class that holds the attribute
+    attribute: str
+    #: ``factory(original, coordinator)``: what install sets (``coordinator``: the class install was given)
+    factory: Callable[[Any, Any], Any]
+    why: str
+    #: the oldest deepspeed release the row applies to (skipped on older ones); None: every release the
+    #: reference runs on (``pytest_zero3.impl.MIN_DEEPSPEED_REFERENCE``)
+    since: Optional[str] = None
+    #: ``restore(original, installed)``, called before uninstall puts the original back
+    restore: Optional[Callable[[Any, Any], None]] = None
+
+
+#: What install() changes, in the order it changes it.  Every row applies whatever the coordinator class
+#: (the first row), so that a coordinator given to pytest-zero3 as ``module:Class`` is judged on its own
+#: behaviour rather than on DeepSpeed's bugs elsewhere.
+PATCHES = (
+    Patch(
+        parameter_offload,
+        "PartitionedParameterCoordinator",
+        lambda original, coordinator: coordinator,
+        "the name DeepSpeedZeRoOffload resolves when it builds its coordinator: it imported the class by "
+        "name, so patching the defining module would change nothing",
+    ),
+    Patch(
+        parameter_offload,
+        "FWD_MODULE_STACK",
+        _wrapper(WeakModuleStack),
+        "the global stack of running modules held every root module ever registered, so an engine's model "
+        "(and through its hook closures the offload and coordinator) outlived engine.destroy() (001-a); it "
+        "holds them weakly, destroy() removes the root it pushed, and the end of backward drops what "
+        "early-stopped checkpoint recomputes pushed and never popped",
+        restore=_keep_live_entries,
+    ),
+    Patch(
+        DeepSpeedZeRoOffload,
+        "__init__",
+        _wrapper(lambda init: _offload_register(_offload_init(init))),
+        "passes the stage3_adaptive_prefetch_* keys and the data-parallel group to a coordinator class "
+        "whose constructor takes them (pytest_zero3/protocol.py; a rank-0 warning for one that does not "
+        "while adaptation is on), and remembers the offload (weakly) for GatheredParameters",
+    ),
+    Patch(
+        DeepSpeedZeRoOffload,
+        "destroy",
+        _wrapper(_offload_destroy),
+        "also removes the reference coordinator's grad-mode probe hook and the root's entry in the weak module stack",
+    ),
+    Patch(
+        DeepSpeedZeRoOffload,
+        "release_backward_leftovers",
+        _wrapper(_offload_release_backward_leftovers),
+        "end of backward (DeepSpeed 0.19.3 on): also drops the module-stack entries that early-stopped "
+        "checkpoint recomputes pushed and never popped",
+    ),
+    Patch(
+        DeepSpeedZeRoOffload,
+        "partition_all_parameters",
+        _replacement(_offload_partition_all_parameters),
+        "optimizer step, checkpoint save: accepts a param still gathered while an open GatheredParameters "
+        "holds it (the coordinator keeps it), and skips plain params of a module attached after "
+        "deepspeed.initialize (stock reads their missing ds_status and raises at the first step, 007-a)",
+    ),
+    Patch(
+        GatheredParameters,
+        "__enter__",
+        _wrapper(_gathered_parameters_enter),
+        "first asks each coordinator to complete the all-gathers it has in flight for the context's params "
+        "(complete_inflight, 005-f): stock leaves an INFLIGHT param as it is, read empty inside the "
+        "context at two ranks or more and unpartitionable on exit",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "_load_universal_checkpoint",
+        _wrapper(load_universal_with_frozen),
+        "also restores frozen params (reference_impl/checkpoint.py)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "create_reduce_and_remove_grad_hooks",
+        _wrapper(create_hooks_with_leaf_gate),
+        "the gradient hook of a z3 leaf module fed an input without grad waits for the leaf's parameter "
+        "gradients, which torch computes after it fires (reference_impl/leaf.py, base-j)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "checkpoint_event_epilogue",
+        _wrapper(_epilogue_invalidating_frozen),
+        "after a checkpoint load or save, drops the hpZ secondary shard of every ZeRO-3 param of the "
+        "module, frozen ones too (stock walks only the optimizer's groups, so a resumed model computed "
+        "with the frozen weights it had before the load: 007-e under hpZ, DeepSpeed bug 8)",
+    ),
+    Patch(
+        ds_runtime_config,
+        "get_zero_config",
+        _replacement(get_zero_config),
+        "where DeepSpeedConfig resolves it: accepts and validates the stage3_adaptive_prefetch_* keys",
+    ),
+    Patch(
+        ds_zero_config,
+        "get_zero_config",
+        _replacement(get_zero_config),
+        "the defining module's name, which runtime/config.py imported (any later importer gets the reference's too)",
+    ),
+    Patch(
+        groups,
+        "_create_zero_param_parallel_group",
+        _wrapper(_create_zero_param_parallel_group),
+        "hpZ's secondary-partition group is a process global: keeps one of the asked size that an earlier "
+        "zero.Init or engine made, where stock asserts none exists, so a second model built under "
+        "zero.Init with hpZ in one process (TRL's reference model) raised (DeepSpeed issue 4901; PR 8361)",
+    ),
+)
+
+_ABSENT = object()  # the attribute was not the owner's own (inherited): uninstall deletes it again
+#: ``(patch, original, the owner's own value)`` for each row install applied, in order; empty when not
+#: installed
+_saved: list = []
+
+
+def _applies(patch: Patch) -> bool:
+    if patch.since is None:
+        return True
+    import deepspeed
+    from packaging.version import Version
+
+    return Version(deepspeed.__version__) >= Version(patch.since)
+
+
+def install(coordinator=ReferenceCoordinator) -> None:
+    """Make deepspeed build ``coordinator`` (default :class:`ReferenceCoordinator`) for every later engine,
+    with every row of :data:`PATCHES` applied.  Installed already: only the coordinator changes."""
     if _saved:
         parameter_offload.PartitionedParameterCoordinator = coordinator
         return
-    _saved.update(
-        coordinator=parameter_offload.PartitionedParameterCoordinator,
-        stack=parameter_offload.FWD_MODULE_STACK,
-        init=DeepSpeedZeRoOffload.__init__,
-        destroy=DeepSpeedZeRoOffload.destroy,
-        leftovers=DeepSpeedZeRoOffload.release_backward_leftovers,
-        partition_all=DeepSpeedZeRoOffload.partition_all_parameters,
-        gathered_enter=GatheredParameters.__enter__,
-        universal=DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint,
-        leaf_hooks=DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks,
-        epilogue=DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue,
-        runtime_get_zero_config=ds_runtime_config.get_zero_config,
-        zero_get_zero_config=ds_zero_config.get_zero_config,
-        hpz_group=groups._create_zero_param_parallel_group,
-    )
-    parameter_offload.PartitionedParameterCoordinator = coordinator
-    parameter_offload.FWD_MODULE_STACK = WeakModuleStack(_saved["stack"])
-    DeepSpeedZeRoOffload.__init__ = _offload_register(_offload_init(_saved["init"]))
-    DeepSpeedZeRoOffload.destroy = _offload_destroy(_saved["destroy"])
-    DeepSpeedZeRoOffload.release_backward_leftovers = _offload_release_backward_leftovers(_saved["leftovers"])
-    DeepSpeedZeRoOffload.partition_all_parameters = _offload_partition_all_parameters
-    GatheredParameters.__enter__ = _gathered_parameters_enter(_saved["gathered_enter"])
-    DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = load_universal_with_frozen(_saved["universal"])
-    DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = create_hooks_with_leaf_gate(
-        _saved["leaf_hooks"]
-    )
-    DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = _epilogue_invalidating_frozen(_saved["epilogue"])
-    ds_runtime_config.get_zero_config = get_zero_config
-    ds_zero_config.get_zero_config = get_zero_config
-    groups._create_zero_param_parallel_group = _create_zero_param_parallel_group(_saved["hpz_group"])
+    rows = [patch for patch in PATCHES if _applies(patch)]
+    # every original first: a row whose attribute is missing raises before anything changes
+    originals = [getattr(patch.owner, patch.attribute) for patch in rows]
+    for patch, original in zip(rows, originals):
+        _saved.append((patch, original, vars(patch.owner).get(patch.attribute, _ABSENT)))
+        setattr(patch.owner, patch.attribute, patch.factory(original, coordinator))
 
 
 def uninstall() -> None:
     """Restore deepspeed exactly as :func:`install` found it (live stack entries are kept)."""
-    if not _saved:
-        return
-    parameter_offload.PartitionedParameterCoordinator = _saved["coordinator"]
-    _saved["stack"][:] = list(parameter_offload.FWD_MODULE_STACK)
-    parameter_offload.FWD_MODULE_STACK = _saved["stack"]
-    DeepSpeedZeRoOffload.__init__ = _saved["init"]
-    DeepSpeedZeRoOffload.destroy = _saved["destroy"]
-    DeepSpeedZeRoOffload.release_backward_leftovers = _saved["leftovers"]
-    DeepSpeedZeRoOffload.partition_all_parameters = _saved["partition_all"]
-    GatheredParameters.__enter__ = _saved["gathered_enter"]
-    DeepSpeedZeroOptimizer_Stage3._load_universal_checkpoint = _saved["universal"]
-    DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks = _saved["leaf_hooks"]
-    DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = _saved["epilogue"]
-    ds_runtime_config.get_zero_config = _saved["runtime_get_zero_config"]
-    ds_zero_config.get_zero_config = _saved["zero_get_zero_config"]
-    groups._create_zero_param_parallel_group = _saved["hpz_group"]
-    _saved.clear()
+    while _saved:
+        patch, original, own = _saved.pop()
+        if patch.restore is not None:
+            patch.restore(original, getattr(patch.owner, patch.attribute))
+        if own is _ABSENT:
+            delattr(patch.owner, patch.attribute)
+        else:
+            setattr(patch.owner, patch.attribute, own)
 
 
 def is_installed() -> bool:
