@@ -290,12 +290,6 @@ def test_the_release_matrix_pages_cover_every_release_of_the_matrix(gen):
     assert "<!-- gen:matrix-releases -->" in gen.MATRIX_PAGE.read_text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="pyproject.toml asks for deepspeed>=0.16.9 while the plugin runs on (impl.MIN_DEEPSPEED) and the "
-    "release matrix measures 0.14 and 0.15; once the dependency says >=MIN_DEEPSPEED, remove this mark",
-)
 def test_the_package_s_deepspeed_floor_is_the_plugin_s():
     """Why (issue 38): the manual says the plugin runs on deepspeed MIN_DEEPSPEED and later (impl.py
     checks it at start-up, and tox's ds-0.14.5 and ds-0.15.4 envs install those releases); a dependency
