@@ -265,8 +265,8 @@ OPTIONS: tuple[Option, ...] = (
         _text,
         None,
         "A DeepSpeed config (JSON or YAML) overlaid onto every contract's config, except the keys "
-        "the contract is about.",
-        metavar="FILE",
+        "the contract is about; draw:SEED overlays the fork config drawn from SEED (fixtures/overlays.py).",
+        metavar="FILE|draw:SEED",
         path=True,
     ),
 )
@@ -352,7 +352,10 @@ def _configured(config: pytest.Config, opt: Option) -> tuple[Any, str]:
         raise pytest.UsageError(f"{where} = {raw!r}: {exc}.") from None
     if opt.path:
         base = str(config.inipath.parent if config.inipath else config.invocation_params.dir)
-        value = _spec_from(base, value) if opt.name in ("impl", "baseline") else os.path.join(base, value)
+        if opt.name in ("impl", "baseline"):
+            value = _spec_from(base, value)
+        elif not value.startswith("draw:"):  # --zero3-config=draw:SEED names a drawn overlay, not a file
+            value = os.path.join(base, value)
     return value, where
 
 
