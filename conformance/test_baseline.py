@@ -21,6 +21,7 @@ training steps and takes about a second per engine on a 2-core CPU box.
 
 import pytest
 from pytest_zero3.fixtures import family_base as fb
+from pytest_zero3.fixtures import verdicts
 from pytest_zero3.fixtures.models import linear_numel
 from pytest_zero3.fixtures.models_extra import FIRST_BLOCK_LEAF_THRESHOLD
 
@@ -28,19 +29,24 @@ PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
 PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
 
 
-def _assert_parity(results, labels):
-    problems = [line for result, label in zip(results, labels) for line in fb.parity_problems(result, label)]
-    assert not problems, "ZeRO-3 training differs from plain torch:\n" + "\n".join(problems)
+def _runs(per_rank):
+    """Each rank's runs as a list (a scenario of one run returns its dict)."""
+    return [rank if isinstance(rank, list) else [rank] for rank in per_rank]
 
 
-def _rank0(per_rank):
-    """Rank 0's result after checking that every rank reported the same losses (they are all-reduced)."""
-    first = per_rank[0]
-    for r, other in enumerate(per_rank[1:], start=1):
-        items = other if isinstance(other, list) else [other]
-        for mine, theirs in zip(first if isinstance(first, list) else [first], items):
-            assert mine["losses"] == theirs["losses"], f"rank {r} saw other losses than rank 0"
-    return first
+def _assert_parity(per_rank, labels, keep=None):
+    """Every rank compared its own training with the twin: each rank's parity lines, merged by
+    :func:`verdicts.assert_clean` (``keep(run)``: the runs judged; default all)."""
+    lines = [
+        [
+            line
+            for run, label in zip(runs, labels)
+            if keep is None or keep(run)
+            for line in fb.parity_problems(run, label)
+        ]
+        for runs in _runs(per_rank)
+    ]
+    verdicts.assert_clean(lines, "ZeRO-3 training differs from plain torch")
 
 
 @pytest.mark.zero3_contract("base-a")
@@ -50,8 +56,7 @@ def test_mlp_parity_prefetch_off(zero3_world):
     Persistence threshold 0, prefetch bucket 0: each Linear is gathered in its forward pre-hook and
     again in backward.  Parity here is the floor every other contract builds on.
     """
-    result = _rank0(zero3_world.run(fb.parity, "mlp"))
-    _assert_parity([result], ["MLP, prefetch off"])
+    _assert_parity(zero3_world.run(fb.parity, "mlp"), ["MLP, prefetch off"])
 
 
 @pytest.mark.zero3_contract("base-b")
@@ -62,10 +67,10 @@ def test_mlp_parity_prefetch_on(zero3_world):
     step) and must be waited on before use.  Two buckets: about one layer ahead (the coordinator
     pops params from its queue and stops) and DeepSpeed's default (the whole model ahead).
     """
-    results = _rank0(
-        zero3_world.run(fb.parity_many, [("mlp", {"zero": PREFETCH_ONE_LAYER}), ("mlp", {"zero": PREFETCH_DEFAULT})])
+    per_rank = zero3_world.run(
+        fb.parity_many, [("mlp", {"zero": PREFETCH_ONE_LAYER}), ("mlp", {"zero": PREFETCH_DEFAULT})]
     )
-    _assert_parity(results, ["MLP, prefetch bucket 300", "MLP, prefetch bucket 5e7"])
+    _assert_parity(per_rank, ["MLP, prefetch bucket 300", "MLP, prefetch bucket 5e7"])
 
 
 @pytest.mark.zero3_contract("base-c")
@@ -76,8 +81,8 @@ def test_tied_weights_parity(zero3_world):
     coordinator that releases a param when *one* consumer finishes, or prefetches it again while it
     is still gathered, breaks the forward or the gradient (which must be reduced once).
     """
-    results = _rank0(zero3_world.run(fb.parity_many, [("tied", {}), ("tied", {"zero": PREFETCH_DEFAULT})]))
-    _assert_parity(results, ["tied weights, prefetch off", "tied weights, prefetch bucket 5e7"])
+    per_rank = zero3_world.run(fb.parity_many, [("tied", {}), ("tied", {"zero": PREFETCH_DEFAULT})])
+    _assert_parity(per_rank, ["tied weights, prefetch off", "tied weights, prefetch bucket 5e7"])
 
 
 @pytest.mark.zero3_contract("base-d")
@@ -88,14 +93,18 @@ def test_z3_leaf_module_parity(zero3_world):
     coordinator fetches every param under the leaf when the leaf starts and releases them when it
     ends: while expert ``a`` runs, expert ``b``'s params must already be gathered.
     """
-    results = _rank0(zero3_world.run(fb.leaf_parity, [{}, {"zero": PREFETCH_ONE_LAYER}]))
-    for result, label in zip(results, ["prefetch off", "prefetch bucket 300"]):
-        missing = result["leaf_not_gathered"]
-        assert not missing, (
-            f"z3 leaf module, {label}: when experts.a started its forward, these params of the "
-            f"leaf were not gathered (the leaf must be fetched as a whole): {missing}"
-        )
-    _assert_parity(results, ["z3 leaf module, prefetch off", "z3 leaf module, prefetch bucket 300"])
+    per_rank = zero3_world.run(fb.leaf_parity, [{}, {"zero": PREFETCH_ONE_LAYER}])
+    lines = [
+        [
+            f"z3 leaf module, {label}: when experts.a started its forward, these params of the leaf were not "
+            f"gathered (the leaf must be fetched as a whole): {run['leaf_not_gathered']}"
+            for run, label in zip(runs, ["prefetch off", "prefetch bucket 300"])
+            if run["leaf_not_gathered"]
+        ]
+        for runs in per_rank
+    ]
+    verdicts.assert_clean(lines, "z3 leaf module not gathered as a whole")
+    _assert_parity(per_rank, ["z3 leaf module, prefetch off", "z3 leaf module, prefetch bucket 300"])
 
 
 @pytest.mark.zero3_contract("base-e")
@@ -107,15 +116,23 @@ def test_default_persistence(zero3_world):
     once and must stay gathered (all their elements present) across every forward, backward and
     optimizer step, and the optimizer's updates must reach them.
     """
-    result = _rank0(zero3_world.run(fb.parity, "table", default_persistence=True))
+    per_rank = zero3_world.run(fb.parity, "table", default_persistence=True)
+    result = per_rank[0]
     assert result["partitioned"] == ["table.weight"] and len(result["persistent"]) == 4, (
         "scenario precondition: expected only table.weight (131072 elements) above the default threshold, got "
         f"persistent={result['persistent']} partitioned={result['partitioned']}"
     )
-    bad = [f"after step {s}: {v}" for s, lines in enumerate(result["persistence"]) for v in lines]
-    bad += [f"after step {s}: {v}" for s, lines in enumerate(result["lifecycle"]) for v in lines]
-    assert not bad, "persistent params must stay resident and the others be released:\n" + "\n".join(bad)
-    _assert_parity([result], ["TableMLP, default persistence threshold"])
+    bad = [
+        [
+            f"after step {s}: {v}"
+            for key in ("persistence", "lifecycle")
+            for s, lines in enumerate(run[key])
+            for v in lines
+        ]
+        for run in per_rank
+    ]
+    verdicts.assert_clean(bad, "persistent params must stay resident and the others be released")
+    _assert_parity(per_rank, ["TableMLP, default persistence threshold"])
 
 
 @pytest.mark.zero3_contract("base-f")
@@ -137,10 +154,10 @@ def test_released_after_every_step(zero3_world):
         ("ckpt", {"zero": PREFETCH_DEFAULT}),
         ("frozen_first", {"zero": PREFETCH_DEFAULT}),
     ]
-    results = _rank0(zero3_world.run(fb.parity_many, runs))
+    per_rank = zero3_world.run(fb.parity_many, runs)
     labels = [f"{m}, zero={kw.get('zero', {})}" for m, kw in runs]
-    _assert_nothing_left_after_step(results, labels)
-    for result, (model, _) in zip(results, runs):
+    _assert_nothing_left_after_step(per_rank, labels)
+    for result, (model, _) in zip(per_rank[0], runs):
         if model == "ckpt":
             assert result["recomputed_forwards"] > 0, (
                 "scenario precondition: the checkpointed block was never recomputed"
@@ -157,22 +174,21 @@ def test_module_order_change(zero3_world):
     flight in steps 2-4 (old order) and in the last 3 steps (new order, after re-recording).
     """
     orders = [(0, 1, 2, 3)] * 5 + [(3, 2, 1, 0)] * 7
-    result = _rank0(
-        zero3_world.run(
-            fb.parity, "reorder", zero=PREFETCH_ONE_LAYER, steps=len(orders), orders=orders, watch_prefetch=True
-        )
+    per_rank = zero3_world.run(
+        fb.parity, "reorder", zero=PREFETCH_ONE_LAYER, steps=len(orders), orders=orders, watch_prefetch=True
     )
     checked = {2: "old order", 3: "old order", 4: "old order", 9: "new order", 10: "new order", 11: "new order"}
     missed = [
-        f"step {s} ({what}, order {orders[s]}): layer {nxt} not gathered or in flight when layer {cur} started"
-        for s, what in checked.items()
-        for cur, nxt, fetched in result["prefetch"][s]
-        if not fetched
+        [
+            f"step {s} ({what}, order {orders[s]}): layer {nxt} not gathered or in flight when layer {cur} started"
+            for s, what in checked.items()
+            for cur, nxt, fetched in result["prefetch"][s]
+            if not fetched
+        ]
+        for result in per_rank
     ]
-    assert not missed, (
-        "prefetch does not follow the recorded module order (the trace was not re-recorded?):\n" + "\n".join(missed)
-    )
-    _assert_parity([result], ["module order changed at step 5"])
+    verdicts.assert_clean(missed, "prefetch does not follow the recorded module order (the trace was not re-recorded?)")
+    _assert_parity(per_rank, ["module order changed at step 5"])
 
 
 @pytest.mark.zero3_contract("base-h")
@@ -185,11 +201,17 @@ def test_eval_forward(zero3_world):
     without grad) must equal the plain model trained as many steps, and training afterwards must
     still match plain torch.
     """
-    result = _rank0(zero3_world.run(fb.eval_forwards, zero={"stage3_max_reuse_distance": 0}))
+    per_rank = zero3_world.run(fb.eval_forwards, zero={"stage3_max_reuse_distance": 0})
+    verdicts.assert_clean([_eval_problems(result) for result in per_rank], "eval forwards interleaved with training")
+
+
+def _eval_problems(result: dict) -> list[str]:
+    """One rank's base-h lines: eval outputs against the twin's, state left after each phase, parity."""
+    rtol, atol = result["tolerance"]
     problems = [
-        f"after {e['after_steps']} steps, {c['name']}: max |diff| {c['max_abs']:.3g} vs plain model "
-        f"(worst element {c['worst_index']}: {c['got']!r} vs {c['want']!r}; bound atol {fb.ATOL:g} + "
-        f"rtol {fb.RTOL:g}*|plain|)"
+        f"after {e['after_steps']} steps, {c['name']}: max |diff| {c['max_abs']:.3g} vs the twin's model "
+        f"(worst element {c['worst_index']}: {c['got']!r} vs {c['want']!r}; bound atol {atol:g} + "
+        f"rtol {rtol:g}*|twin|)"
         for e in result["evals"]
         for c in e["eval"] + [e["train_mode"]]
         if not c["within"]
@@ -200,9 +222,8 @@ def test_eval_forward(zero3_world):
         for v in lines
     ]
     problems += [f"after step {s}: {v}" for s, lines in enumerate(result["lifecycle_after_steps"]) for v in lines]
-    result["missing"], result["weights"] = [], []
-    problems += fb.parity_problems(result, "training interleaved with eval forwards")
-    assert not problems, "\n".join(problems)
+    problems += fb.parity_problems({**result, "missing": [], "weights": []}, "training interleaved with eval forwards")
+    return problems
 
 
 @pytest.mark.zero3_contract("base-i")
@@ -215,22 +236,21 @@ def test_gather_after_eval_forward(zero3_world):
     their evaluation loop.  The coordinator must leave none in flight when a no-grad forward ends, and
     the gathered weights must be the trained ones.
     """
-    problems = []
+    per_rank = [[] for _ in range(zero3_world.size)]
     for zero in EVAL_GATHER_CONFIGS:
         runs = zero3_world.run(fb.gather_after_eval, zero=zero)
         for rank, run in enumerate(runs):
             for row in run:
-                where = f"{zero}: rank {rank}: after the {row['after']}"
+                where = f"{zero}: after the {row['after']}"
                 if row["inflight"]:
-                    problems.append(f"{where}: params left INFLIGHT: {row['inflight']}")
+                    per_rank[rank].append(f"{where}: params left INFLIGHT: {row['inflight']}")
                 if row["error"]:
-                    problems.append(f"{where}: GatheredParameters raised {row['error']}")
-        for row in runs[0]:
-            weights = {"losses": [], "missing": [], "weights": row.get("weights", [])}
-            if "tolerance" in row:  # the rank's dtype chose it (fixtures/profiles.py)
-                weights["tolerance"] = tuple(row["tolerance"])
-            problems += fb.parity_problems(weights, f"{zero}: weights gathered after the {row['after']}")
-    assert not problems, "\n".join(problems)
+                    per_rank[rank].append(f"{where}: GatheredParameters raised {row['error']}")
+                weights = {"losses": [], "missing": [], "weights": row.get("weights", [])}
+                if "tolerance" in row:  # the rank's dtype chose it (fixtures/profiles.py)
+                    weights["tolerance"] = tuple(row["tolerance"])
+                per_rank[rank] += fb.parity_problems(weights, f"{zero}: weights gathered after the {row['after']}")
+    verdicts.assert_clean(per_rank, "gathering after a no-grad forward")
 
 
 #: base-i's configs: reuse distance 0 with a one-layer bucket, and a two-layer window with a bucket just
@@ -271,7 +291,7 @@ def test_z3_leaf_first_block(zero3_world):
             "threshold, prefetch 5e7": ("first_block", {"zero": {**threshold, **PREFETCH_DEFAULT}}),
         },
     ]
-    trained = []
+    trained_per_rank, trained_labels = [[] for _ in range(zero3_world.size)], []
     for runs in worlds:
         per_rank = zero3_world.run(fb.parity_many, [(model, {**kw, "refusable": True}) for model, kw in runs.values()])
         problems = []
@@ -287,21 +307,27 @@ def test_z3_leaf_first_block(zero3_world):
                     else:
                         problems.append(f"{label}: rank {rank} trained where another rank refused the leaf")
         assert not problems, "step 0 raised, but not as a clear refusal of the z3 leaf:\n" + "\n".join(problems)
-        trained += [(result, label) for result, label in zip(_rank0(per_rank), runs) if not result["refused"]]
-    results, labels = [r for r, _ in trained], [label for _, label in trained]
-    _assert_nothing_left_after_step(results, labels)
-    _assert_parity(results, [f"z3 leaf on the first block, {label}" for label in labels])
+        for i, label in enumerate(runs):
+            if not per_rank[0][i]["refused"]:  # no rank refused it (checked above)
+                trained_labels.append(label)
+                for rank, rank_runs in enumerate(per_rank):
+                    trained_per_rank[rank].append(rank_runs[i])
+    _assert_nothing_left_after_step(trained_per_rank, trained_labels)
+    _assert_parity(trained_per_rank, [f"z3 leaf on the first block, {label}" for label in trained_labels])
 
 
-def _assert_nothing_left_after_step(results, labels) -> None:
-    """Each run's per-step lifecycle findings (state left over after ``engine.step()``) must be empty."""
+def _assert_nothing_left_after_step(per_rank, labels) -> None:
+    """Each rank's per-step lifecycle findings of each run (state left over after ``engine.step()``) must be empty."""
     bad = [
-        f"{label}, after step {s}: {v}"
-        for result, label in zip(results, labels)
-        for s, lines in enumerate(result["lifecycle"])
-        for v in lines
+        [
+            f"{label}, after step {s}: {v}"
+            for result, label in zip(runs, labels)
+            for s, lines in enumerate(result["lifecycle"])
+            for v in lines
+        ]
+        for runs in _runs(per_rank)
     ]
-    assert not bad, "state left over after engine.step():\n" + "\n".join(bad)
+    verdicts.assert_clean(bad, "state left over after engine.step()")
 
 
 @pytest.mark.zero3_contract("base-k")
