@@ -139,14 +139,19 @@ def test_nvme_offload_with_distance_zero(zero3_world):
     equal those of the same run without offload.  Needs DeepSpeed's async_io op; where it cannot
     build, this contract is reported unsupported with the reason."""
     results = zero3_world.run(f.nvme_training)
-    for rank, (losses, in_memory) in enumerate(results):
-        assert len(losses) == 4 and all(math.isfinite(x) for x in losses), (
-            f"rank {rank}: NVMe offload at reuse distance 0 gave losses {losses}"
-        )
-        assert losses == pytest.approx(in_memory, rel=1e-6, abs=1e-8), (
-            f"rank {rank}: NVMe offload at reuse distance 0 trained differently from the same run without "
-            f"offload: losses {losses} vs {in_memory}"
-        )
+
+    def check(rank, r):
+        losses, in_memory = r
+        if len(losses) != 4 or not all(math.isfinite(x) for x in losses):
+            return f"rank {rank}: NVMe offload at reuse distance 0 gave losses {losses}"
+        if losses != pytest.approx(in_memory, rel=1e-6, abs=1e-8):
+            return (
+                f"rank {rank}: NVMe offload at reuse distance 0 trained differently from the same run without "
+                f"offload: losses {losses} vs {in_memory}"
+            )
+
+    message = per_rank(results, check)
+    assert not message, message
 
 
 @pytest.mark.zero3_contract("000-g")
@@ -154,9 +159,14 @@ def test_distance_changes_memory_not_math(zero3_world):
     """Why: release and re-gather move the same values; the distance trades memory for
     communication and must not change a single loss."""
     results = zero3_world.run(f.losses_by_distance, [0, f.DEFAULT_DISTANCE])
-    for rank, by_distance in enumerate(results):
+
+    def check(rank, by_distance):
         zero, default = by_distance[0], by_distance[f.DEFAULT_DISTANCE]
-        assert zero == default, (
-            f"rank {rank}: losses at distance 0 {zero} differ from the default distance "
-            f"{default} (max |diff| {max(abs(a - b) for a, b in zip(zero, default)):.3g})"
-        )
+        if zero != default:
+            return (
+                f"rank {rank}: losses at distance 0 {zero} differ from the default distance "
+                f"{default} (max |diff| {max(abs(a - b) for a, b in zip(zero, default)):.3g})"
+            )
+
+    message = per_rank(results, check)
+    assert not message, message

@@ -33,9 +33,21 @@ all-gather sequence across ranks (any contract fails on a rank divergence).
 
 import pytest
 from pytest_zero3.fixtures import family_003 as f
+from pytest_zero3.fixtures.verdicts import per_rank
 
 LAYER = f.LAYER_NUMEL
 BIG = 10**9
+
+
+def _assert_each_rank(results, check) -> None:
+    """``check(res)`` returns one rank's failure text or None; every rank is read, each failure named."""
+
+    def named(rank, res):
+        error = check(res)
+        return error and f"rank {rank}: {error}"
+
+    message = per_rank(results, named)
+    assert not message, message
 
 
 def _trajectory(result):
@@ -53,14 +65,17 @@ def test_keys_accepted_and_validated(zero3_world):
     """Why: an unvalidated range (min > max) or a typo'd value silently gives a controller that can
     never settle, or one that is off; the user must learn it at initialize, from the key's name."""
     results = zero3_world.run(f.validation)
-    for rank, res in enumerate(results):
+
+    def check(res):
         bad = []
         for case in res["cases"]:
             if case["error"] is None:
                 bad.append(f"{case['overrides']} was accepted by deepspeed.initialize")
             elif case["key"] not in case["error"]:
                 bad.append(f"{case['overrides']} failed without naming {case['key']}: {case['error'][:400]}")
-        assert not bad, f"rank {rank}: invalid adaptive prefetch config:\n  " + "\n  ".join(bad)
+        return "invalid adaptive prefetch config:\n  " + "\n  ".join(bad) if bad else None
+
+    _assert_each_rank(results, check)
 
 
 @pytest.mark.zero3_contract("003-b")
@@ -74,9 +89,16 @@ def test_same_bucket_on_every_rank_fake_clock(zero3_world):
     all-gather (or fetch-point bucket) that differs, with every rank's sequence; the short timeout
     bounds a hang the comparison could not prevent.  Needs 2 ranks (unsupported on 1)."""
     results = zero3_world.run(f.slow_rank_fake_clock, 4, 2)
-    assert len(_trajectory(results[0])) > 1, (
-        f"the bucket never moved although the last rank waited on every all-gather (trajectory {_trajectory(results[0])}):"
-        " the case proves nothing about agreement; see 003-f"
+    _assert_each_rank(
+        results,
+        lambda res: (
+            None
+            if len(_trajectory(res)) > 1
+            else (
+                f"the bucket never moved although the last rank waited on every all-gather (trajectory "
+                f"{_trajectory(res)}): the case proves nothing about agreement; see 003-f"
+            )
+        ),
     )
 
 
@@ -107,18 +129,23 @@ def test_bucket_within_bounds(zero3_world, start):
     min, and never leave the range."""
     low, high = 400, 2 * LAYER
     results = zero3_world.run(f.bounded, start, low, high, 2, 3, 2)
-    res = results[0]
-    assert low <= res["start"] <= high, (
-        f"starting bucket {res['start']} (stage3_prefetch_bucket_size={start}) is outside [{low}, {high}]"
-    )
-    out = [(s, m, v) for s, m, _, v in res["fetch"] if not low <= v <= high]
-    out += [(s, "all-gather", b) for s, g in enumerate(res["gathers"]) for _, b in g if not low <= b <= high]
-    assert not out, f"bucket outside [{low}, {high}] at (step, where, value): {out[:12]}"
-    seen = {v for _, _, _, v in res["fetch"]}
-    assert high in seen and low in seen, (
-        f"the bucket did not reach both bounds (trajectory {_trajectory(res)}): long waits must drive it to "
-        f"max {high}, then no waits to min {low}"
-    )
+
+    def check(res):
+        if not low <= res["start"] <= high:
+            return f"starting bucket {res['start']} (stage3_prefetch_bucket_size={start}) is outside [{low}, {high}]"
+        out = [(s, m, v) for s, m, _, v in res["fetch"] if not low <= v <= high]
+        out += [(s, "all-gather", b) for s, g in enumerate(res["gathers"]) for _, b in g if not low <= b <= high]
+        if out:
+            return f"bucket outside [{low}, {high}] at (step, where, value): {out[:12]}"
+        seen = {v for _, _, _, v in res["fetch"]}
+        if not (high in seen and low in seen):
+            return (
+                f"the bucket did not reach both bounds (trajectory {_trajectory(res)}): long waits must drive it "
+                f"to max {high}, then no waits to min {low}"
+            )
+        return None
+
+    _assert_each_rank(results, check)
 
 
 #: 003-d is checked by two scenarios (trace modes, and invalidation), both under one contract ID.
@@ -134,20 +161,28 @@ def test_bucket_frozen_outside_complete_trace(zero3_world):
     Long waits throughout, a decision every 2 fetches; the module order changes at step 2 (the trace
     is invalidated mid-step and re-recorded at step 3).  Between two forward pre-hooks the bucket may
     only change if the later one ran on a complete trace."""
-    res = zero3_world.run(f.frozen_outside_complete_trace, 2)[0]
-    moved = []
-    prev = (None, None, "start", res["start"])
-    for rec in res["fetch"]:
-        if rec[3] != prev[3] and rec[2] != "complete":
-            moved.append(f"step {rec[0]} {rec[1]} ({rec[2]} trace): {prev[3]} -> {rec[3]}")
-        prev = rec
-    assert not moved, "bucket moved while the trace was not complete:\n  " + "\n  ".join(moved)
-    modes = {m for _, _, m, _ in res["fetch"]}
-    assert {"record", "invalid", "complete"} <= modes, f"the scenario did not visit every trace mode: {modes}"
-    assert len(_trajectory(res)) > 1, (
-        f"the bucket never moved on the complete trace despite long waits, so its staying put while recording "
-        f"proves nothing: {_trajectory(res)}"
-    )
+    results = zero3_world.run(f.frozen_outside_complete_trace, 2)
+
+    def check(res):
+        moved = []
+        prev = (None, None, "start", res["start"])
+        for rec in res["fetch"]:
+            if rec[3] != prev[3] and rec[2] != "complete":
+                moved.append(f"step {rec[0]} {rec[1]} ({rec[2]} trace): {prev[3]} -> {rec[3]}")
+            prev = rec
+        if moved:
+            return "bucket moved while the trace was not complete:\n  " + "\n  ".join(moved)
+        modes = {m for _, _, m, _ in res["fetch"]}
+        if not {"record", "invalid", "complete"} <= modes:
+            return f"the scenario did not visit every trace mode: {modes}"
+        if len(_trajectory(res)) <= 1:
+            return (
+                f"the bucket never moved on the complete trace despite long waits, so its staying put while "
+                f"recording proves nothing: {_trajectory(res)}"
+            )
+        return None
+
+    _assert_each_rank(results, check)
 
 
 @CONTRACT_003D
@@ -159,18 +194,25 @@ def test_samples_discarded_on_invalidation(zero3_world):
     invalidates the trace) leave 12 samples in the open window: long waits in one run, none in a
     control run; from step 3 (re-record) on, neither has waits.  With the old samples dropped, the
     two runs' buckets are identical at every fetch; kept, the first decision on the new trace differs."""
-    res = zero3_world.run(f.discard_on_invalidation, 16)[0]
-    waited, control = res["waited"], res["control"]
-    assert len(_trajectory(control)) > 1, (
-        f"no decision was taken on the re-recorded trace (trajectory {_trajectory(control)}), so nothing shows "
-        "whether old samples were dropped"
-    )
-    differ = [(a[0], a[1], a[3], b[3]) for a, b in zip(waited["fetch"], control["fetch"]) if a[3] != b[3]]
-    assert not differ, (
-        f"samples taken before the trace was invalidated changed later decisions: (step, module, bucket after "
-        f"long waits before invalidation, bucket without them) {differ[:6]}; trajectories {_trajectory(waited)} "
-        f"vs {_trajectory(control)}"
-    )
+    results = zero3_world.run(f.discard_on_invalidation, 16)
+
+    def check(res):
+        waited, control = res["waited"], res["control"]
+        if len(_trajectory(control)) <= 1:
+            return (
+                f"no decision was taken on the re-recorded trace (trajectory {_trajectory(control)}), so nothing "
+                "shows whether old samples were dropped"
+            )
+        differ = [(a[0], a[1], a[3], b[3]) for a, b in zip(waited["fetch"], control["fetch"]) if a[3] != b[3]]
+        if differ:
+            return (
+                f"samples taken before the trace was invalidated changed later decisions: (step, module, bucket "
+                f"after long waits before invalidation, bucket without them) {differ[:6]}; trajectories "
+                f"{_trajectory(waited)} vs {_trajectory(control)}"
+            )
+        return None
+
+    _assert_each_rank(results, check)
 
 
 @pytest.mark.zero3_contract("003-e")
@@ -184,21 +226,24 @@ def test_adaptation_changes_no_number(zero3_world):
     weights must be equal bit for bit, and the all-gathers must show that the bucket did move (so
     it needs 2 ranks: a 1-rank world issues no all-gathers; unsupported there)."""
     results = zero3_world.run(f.on_off_identical, 8, 3, 2)
-    for rank, runs in enumerate(results):
+
+    def check(runs):
         static, adaptive = runs["static"], runs["adaptive"]
-        assert adaptive["gathers"] != static["gathers"], (
-            f"rank {rank}: adaptive run issued the same all-gathers as the static one: the bucket never "
-            f"moved (trajectory {_trajectory(adaptive)})"
-        )
-        assert adaptive["losses"] == static["losses"], (
-            f"rank {rank}: losses differ with adaptation on:\n  off {static['losses']}\n  on  {adaptive['losses']}"
-        )
+        if adaptive["gathers"] == static["gathers"]:
+            return (
+                f"adaptive run issued the same all-gathers as the static one: the bucket never moved "
+                f"(trajectory {_trajectory(adaptive)})"
+            )
+        if adaptive["losses"] != static["losses"]:
+            return f"losses differ with adaptation on:\n  off {static['losses']}\n  on  {adaptive['losses']}"
         diff = {
             n: float((adaptive["state"][n] - t).abs().max())
             for n, t in static["state"].items()
             if not bool((adaptive["state"][n] == t).all())
         }
-        assert not diff, f"rank {rank}: final weights differ with adaptation on (max |diff| per param): {diff}"
+        return f"final weights differ with adaptation on (max |diff| per param): {diff}" if diff else None
+
+    _assert_each_rank(results, check)
 
 
 @pytest.mark.zero3_contract("003-f")
@@ -210,21 +255,27 @@ def test_controller_adapts(zero3_world):
     after is a shrink, and the grown bucket is applied (one all-gather then carries several layers;
     so it needs 2 ranks: a 1-rank world issues no all-gathers; unsupported there)."""
     low = LAYER // 2
-    res = zero3_world.run(f.adapts, LAYER, low, BIG, 2, 3, 2)[0]
-    traj = _trajectory(res)
-    grow = [v for s, _, v in traj if s < 2]
-    shrink = [v for s, _, v in traj if s >= 2]
-    assert len(grow) > 1 and grow == sorted(set(grow)), f"bucket did not grow (only) under long waits: {traj}"
-    peak = grow[-1]
-    assert len(shrink) > 1 and shrink == sorted(set(shrink), reverse=True) and shrink[-1] < peak, (
-        f"bucket did not shrink (only) without waits: {traj}"
-    )
-    assert min(shrink) >= low, f"bucket went below min {low}: {traj}"
-    coalesced = [s for s, g in enumerate(res["gathers"][:2]) if any(n > LAYER for n, _ in g)]
-    assert coalesced, (
-        f"no all-gather larger than one layer ({LAYER}) while the bucket grew to {peak}: the "
-        f"reported bucket is not the one applied; all-gathers {res['gathers'][:2]}"
-    )
+    results = zero3_world.run(f.adapts, LAYER, low, BIG, 2, 3, 2)
+
+    def check(res):
+        traj = _trajectory(res)
+        grow = [v for s, _, v in traj if s < 2]
+        shrink = [v for s, _, v in traj if s >= 2]
+        if not (len(grow) > 1 and grow == sorted(set(grow))):
+            return f"bucket did not grow (only) under long waits: {traj}"
+        peak = grow[-1]
+        if not (len(shrink) > 1 and shrink == sorted(set(shrink), reverse=True) and shrink[-1] < peak):
+            return f"bucket did not shrink (only) without waits: {traj}"
+        if min(shrink) < low:
+            return f"bucket went below min {low}: {traj}"
+        if not [s for s, g in enumerate(res["gathers"][:2]) if any(n > LAYER for n, _ in g)]:
+            return (
+                f"no all-gather larger than one layer ({LAYER}) while the bucket grew to {peak}: the "
+                f"reported bucket is not the one applied; all-gathers {res['gathers'][:2]}"
+            )
+        return None
+
+    _assert_each_rank(results, check)
 
 
 @pytest.mark.zero3_contract("003-g")
@@ -238,9 +289,15 @@ def test_controller_sees_device_side_waits(zero3_world):
     6 steps, each all-gather preceded by 20 ms of GPU sleep on its stream, compute of a few
     microseconds: waits are nearly all of the time, so the bucket must grow above its one-layer
     start.  Needs CUDA and 2 ranks (unsupported on the CPU and on 1 rank, with the reason)."""
-    res = zero3_world.run(f.device_delayed, 6, 20.0)[0]
-    traj = _trajectory(res)
-    assert max(v for _, _, v in traj) > res["start"], (
-        f"the bucket never grew above its start {res['start']} although every all-gather waited 20 ms on the "
-        f"device (trajectory {traj}): the controller does not see device-side waits (host timers?)"
-    )
+    results = zero3_world.run(f.device_delayed, 6, 20.0)
+
+    def check(res):
+        traj = _trajectory(res)
+        if max(v for _, _, v in traj) > res["start"]:
+            return None
+        return (
+            f"the bucket never grew above its start {res['start']} although every all-gather waited 20 ms on the "
+            f"device (trajectory {traj}): the controller does not see device-side waits (host timers?)"
+        )
+
+    _assert_each_rank(results, check)
