@@ -12,13 +12,7 @@ Scenarios: :mod:`pytest_zero3.fixtures.family_007`.
 
 import pytest
 from pytest_zero3.fixtures import family_007 as f7
-
-
-def _assert_none(results, what):
-    problems = [line for rank in results for line in rank["problems"]]
-    if len(problems) > 20:
-        problems = problems[:20] + [f"... {len(problems) - 20} more"]
-    assert not problems, f"{what}:\n" + "\n".join(problems)
+from pytest_zero3.fixtures.verdicts import assert_clean
 
 
 @pytest.mark.zero3_contract("007-a")
@@ -29,7 +23,7 @@ def test_module_attached_after_initialize(zero3_world):
     checks only that the first forward does not crash; this contract trains through it: every step
     after the attach, the coordinator's fetches, releases and step-boundary clean-up must leave the
     plain params alone and train the rest like plain torch."""
-    _assert_none(zero3_world.run(f7.late_attach), "a module attached after deepspeed.initialize")
+    assert_clean(zero3_world.run(f7.late_attach), "a module attached after deepspeed.initialize")
 
 
 @pytest.mark.zero3_preload("transformers")
@@ -43,7 +37,7 @@ def test_from_pretrained_policy_and_reference(zero3_world, tmp_path):
     among its bases: DeepSpeed before 0.17.6 (PR 7566) restored the wrong ``__init__`` on it when a ``zero.Init``
     context closed, so the second load built a model without its layers."""
     results = zero3_world.run(f7.from_pretrained_pair, str(tmp_path / "checkpoint"))
-    _assert_none(results, "from_pretrained under ZeRO-3 (policy and reference copy)")
+    assert_clean(results, "from_pretrained under ZeRO-3 (policy and reference copy)")
 
 
 @pytest.mark.zero3_preload("transformers", "peft")
@@ -54,7 +48,7 @@ def test_peft_lora_bf16_base_under_autocast(zero3_world):
     attributes to the module it wraps: DeepSpeed before 0.19.3 gave it its child's backward-hook state and
     raised ``AttributeError: ... 'ds_grads_remaining'``, issues 7203 and 7615, PR 8144), the forward
     under bf16 autocast."""
-    _assert_none(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
+    assert_clean(zero3_world.run(f7.peft_lora_bf16), "PEFT LoRA on a bf16 base under autocast")
 
 
 @pytest.mark.zero3_preload("transformers")
@@ -67,7 +61,7 @@ def test_param_replaced_after_initialize(zero3_world):
     ``'ds_status'``) that says nothing of the change.  What a user must get instead: training like plain
     torch with the optimizer built before the change, or a refusal that names the module and the param
     and says to make the change before ``deepspeed.initialize``; never different weights in silence."""
-    _assert_none(zero3_world.run(f7.replaced_param), "a param replaced after deepspeed.initialize")
+    assert_clean(zero3_world.run(f7.replaced_param), "a param replaced after deepspeed.initialize")
 
 
 @pytest.mark.zero3_contract("007-e")
@@ -77,4 +71,4 @@ def test_saved_mid_training_and_resumed(zero3_world, tmp_path):
     of a model with a tied head, buffers and a frozen layer; then training goes on in the same engine
     and in a fresh one that loaded the checkpoint."""
     results = zero3_world.run(f7.save_and_resume, str(tmp_path / "checkpoint"))
-    _assert_none(results, "saved mid-training and resumed")
+    assert_clean(results, "saved mid-training and resumed")
