@@ -8,6 +8,7 @@ TOML, comments allowed::
     "001-b" = { reason = "stale release sets (PR 8883)", raises = "AssertionError" }
     "002-g" = "reason only: any failure of 002-g counts as this one"
     "007-b" = { reason = "hpZ only (DeepSpeed issue 4901)", match = "already initialized", profiles = ["hpz"] }
+    "008-a" = { reason = "offloaded reads", match = "safe_get_local_grad", variants = ["offload"] }
 
 A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression,
 searched in the failure's text as ``pytest.raises(match=...)`` does) and ``raises`` (an exception
@@ -16,7 +17,8 @@ contract that fails for another cause is a new failure.  The plain ``"ID" = "rea
 cause and expects any failure; prefer the table form, or a second, different bug behind the same ID
 goes unseen.  ``profiles`` (config profile names, ``--zero3-profile``) lists the contract's tests under
 those profiles only: a failure that only a profile's axis reaches is no expectation under the others,
-where the contract passes.  A listed contract that passes is an "unexpected pass" (a failure under
+where the contract passes.  ``variants`` does the same for a contract test parametrised by
+``variant``: a known failure of one variant leaves the others judged.  A listed contract that passes is an "unexpected pass" (a failure under
 ``--zero3-strict``, pytest's strict xfail); an ID that matches no collected contract is a warning.
 """
 
@@ -34,7 +36,7 @@ from pytest_zero3.outcome import first_failure
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
-    '(or raises = "ExceptionType"; profiles = ["hpz"] to list its tests under those profiles only), '
+    '(or raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] to list those tests only), '
     'or "000-a" = "reason" to expect any failure'
 )
 
@@ -51,10 +53,14 @@ class Expectation:
     source: str = "--zero3-expect"
     #: The config profiles whose tests of the contract it lists (empty: every profile's).
     profiles: tuple[str, ...] = ()
+    #: The variants (a contract test's ``variant`` parameter) it lists (empty: every variant's).
+    variants: tuple[str, ...] = ()
 
-    def covers(self, profile: str) -> bool:
-        """Whether it lists the contract's test under config profile ``profile``."""
-        return not self.profiles or profile in self.profiles
+    def covers(self, profile: str, variant: str | None = None) -> bool:
+        """Whether it lists the contract's test under config profile ``profile`` and of ``variant``."""
+        return (not self.profiles or profile in self.profiles) and (
+            not self.variants or variant is None or variant in self.variants
+        )
 
     @property
     def from_file(self) -> bool:
@@ -111,12 +117,15 @@ def _entry(path, cid: str, value) -> Expectation:
         value = {"reason": value}
     if not isinstance(value, dict):
         raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} must be a reason string or a table: {FORMS}.")
-    unknown = sorted(set(value) - {"reason", "match", "raises", "profiles"})
+    unknown = sorted(set(value) - {"reason", "match", "raises", "profiles", "variants"})
     if unknown:
         raise pytest.UsageError(
             f"--zero3-expect={path}: {cid!r} has unknown keys {', '.join(unknown)}; "
-            "it may give reason, match, raises, profiles."
+            "it may give reason, match, raises, profiles, variants."
         )
+    variants = value.get("variants", [])
+    if not isinstance(variants, list) or not all(isinstance(v, str) and v for v in variants):
+        raise pytest.UsageError(f"--zero3-expect={path}: {cid!r}'s variants must be a list of variant names.")
     reason = value.get("reason")
     if not isinstance(reason, str) or not reason.strip():
         raise pytest.UsageError(f"--zero3-expect={path}: give {cid!r} a non-empty reason string.")
@@ -130,7 +139,13 @@ def _entry(path, cid: str, value) -> Expectation:
             raise pytest.UsageError(
                 f"--zero3-expect={path}: {cid!r}'s match {value['match']!r} is no regular expression ({exc})."
             ) from None
-    return Expectation(reason, value.get("match"), value.get("raises"), profiles=_profiles(path, cid, value))
+    return Expectation(
+        reason,
+        value.get("match"),
+        value.get("raises"),
+        profiles=_profiles(path, cid, value),
+        variants=tuple(variants),
+    )
 
 
 def _profiles(path, cid: str, value: dict) -> tuple[str, ...]:

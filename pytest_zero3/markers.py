@@ -73,6 +73,13 @@ def profile(item) -> str:
     return (callspec.params.get("zero3_profile") if callspec else None) or "fp32"
 
 
+def variant(item) -> str | None:
+    """The variant of a contract test parametrised by ``variant`` (an expectation may list some), else None."""
+    callspec = getattr(item, "callspec", None)
+    value = callspec.params.get("variant") if callspec else None
+    return None if value is None else str(value)
+
+
 def check(items) -> None:
     """Read every zero3 marker once, at collection, as pytest-timeout checks its own: a bad one is a
     usage error naming the test, before any world starts."""

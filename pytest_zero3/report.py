@@ -217,7 +217,8 @@ class Report:
     def _listed(self, item, cid: str):
         """The Expectation listing contract ``cid``'s test ``item`` (its profile's), else None."""
         expected = self.expected.get(cid)
-        return expected if expected is not None and expected.covers(markers.profile(item)) else None
+        covered = expected is not None and expected.covers(markers.profile(item), markers.variant(item))
+        return expected if covered else None
 
     def on_report(self, item, call, rep) -> None:
         """Read a contract test's outcome, as pytest made it, into the small ``zero3`` dict of its report."""

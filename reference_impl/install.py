@@ -22,6 +22,7 @@ from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from deepspeed.utils import groups
 
+from . import fragments
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
@@ -359,6 +360,27 @@ PATCHES = (
         "hpZ's secondary-partition group is a process global: keeps one of the asked size that an earlier "
         "zero.Init or engine made, where stock asserts none exists, so a second model built under "
         "zero.Init with hpZ in one process (TRL's reference model) raised (DeepSpeed issue 4901; PR 8361)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "_get_fp32_grad_state_partition",
+        _wrapper(fragments.grad_partition),
+        "with the optimizer offloaded, the tensor-fragment reads and writes between the micro-batches of a "
+        "step reached the host copy, which holds the last boundary's gradient (contract 008-a)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "set_fp32_grad_for_param",
+        _replacement(fragments.set_fp32_grad_for_param),
+        "safe_set_full_grad raised on the last ranks of a param whose size does not divide by the world size, "
+        "and under an offloaded optimizer left the clipping norm of the gradient it replaced (008-b)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "set_full_hp_param",
+        _replacement(fragments.set_full_hp_param),
+        "safe_set_full_fp32_param and safe_set_full_optimizer_state raised on the last ranks of a param whose "
+        "size does not divide by the world size (008-b)",
     ),
 )
 

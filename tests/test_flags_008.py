@@ -1,0 +1,95 @@
+"""Family 008's contracts flag each of stock 0.19.8's tensor-fragment bugs, one at a time.
+
+Stock 0.19.8 has three (``reference_impl/fragments.py``, docs/results/bugs.md): full writes raise on a
+param whose size does not divide by the world size, offloaded reads and writes between micro-batches
+reach the host copy of the last boundary's gradients, and ``safe_set_full_grad`` under an offloaded
+optimizer leaves the clipping norm of the gradient it replaced.  Each fork here is stock with the
+three fixed in DeepSpeed's own source but one: 008 must fail on the one left and pass with none left,
+so each contract is proven by the bug it names, not by whichever of stock's bugs comes first.
+"""
+
+import pytest
+
+STAGE3 = "runtime/zero/stage3.py"
+#: Reads and writes between the micro-batches of an offloaded step go to the device partition.
+FIX_READS = (
+    STAGE3,
+    "        group_idx, dest_offset, num_elements = self.grad_position[self.get_param_id(param)]\n"
+    "        if self.offload_optimizer:\n"
+    "            if self._swappable_optimizer_subgroup(group_idx):",
+    "        group_idx, dest_offset, num_elements = self.grad_position[self.get_param_id(param)]\n"
+    "        if self.offload_optimizer and not self.is_gradient_accumulation_boundary():\n"
+    "            fp32_grad = self._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition[param.ds_id]\n"
+    "            fp32_grad = fp32_grad.narrow(0, 0, param.ds_tensor.ds_numel)\n"
+    "        elif self.offload_optimizer:\n"
+    "            if self._swappable_optimizer_subgroup(group_idx):",
+)
+#: A full write pads the value before it cuts this rank's slice (both full setters).
+FIX_PAD = [
+    (
+        STAGE3,
+        "        value_partition = value.flatten().narrow(0, fp32_grad.numel() * my_rank, fp32_grad.numel())",
+        "        value_partition = torch.nn.functional.pad(value.flatten(), (0, fp32_grad.numel() * (my_rank + 1)))"
+        ".narrow(0, fp32_grad.numel() * my_rank, fp32_grad.numel())",
+    ),
+    (
+        STAGE3,
+        "        value_partition = value.flatten().narrow(0,\n"
+        "                                                 fp32_opt_state_partition.numel() * my_rank,",
+        "        value_partition = torch.nn.functional.pad(value.flatten(), (0, fp32_opt_state_partition.numel() * "
+        "(my_rank + 1))).narrow(0,\n"
+        "                                                 fp32_opt_state_partition.numel() * my_rank,",
+    ),
+]
+#: ``safe_set_full_grad`` refreshes the written param's norm for clipping, as ``safe_set_local_grad`` does.
+FIX_NORM = (
+    STAGE3,
+    "        fp32_grad.data.copy_(value_partition.data)\n",
+    "        if self.offload_optimizer:\n"
+    "            self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(value_partition)\n"
+    "        fp32_grad.data.copy_(value_partition.data)\n",
+)
+FIXES = {"reads": [FIX_READS], "pad": FIX_PAD, "norm": [FIX_NORM]}
+#: fork (the fix left out) -> (test of 008 that must fail, a line its message must show)
+LEFT_OUT = {
+    "reads": ("test_fragment_reads_equal_the_twin[offload]", "micro-batch 0: gradient of"),
+    "pad": ("test_fragment_writes_train_like_the_twin[device]", "raised RuntimeError"),
+    "norm": ("test_fragment_writes_train_like_the_twin[offload]", "engine.get_global_grad_norm()"),
+}
+
+
+@pytest.fixture(scope="module")
+def fragment_fork(tmp_path_factory):
+    """``fragment_fork(name)``: stock with every fix of :data:`FIXES` but ``name`` ("" : all of them)."""
+    from forks import ForkCache
+
+    edits = {left: [e for name, fix in FIXES.items() if name != left for e in fix] for left in [*FIXES, ""]}
+    return ForkCache(tmp_path_factory, edits)
+
+
+def _failed(run) -> set:
+    """The tests of the run that failed, by name (pytest's short summary)."""
+    import re
+
+    return set(re.findall(r"^FAILED \S+::(\S+)", run.stdout, re.M))
+
+
+def test_norm_fork_fails_the_offloaded_writes(run_suite, fragment_fork):
+    """Why: a contract is proven only by an implementation that breaks it (the cheap half, every run):
+    stock with every fix but the clipping norm's fails 008-b's offloaded writes, naming the norm."""
+    test, says = LEFT_OUT["norm"]
+    run = run_suite(fragment_fork("norm"), "008-b", "-k", "offload")
+    assert run.returncode == 1 and says in run.stdout, run.stdout[-4000:]
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("left", [*FIXES, ""], ids=lambda n: f"without-{n}" if n else "all-fixed")
+def test_each_fragment_bug_alone_fails_its_test(run_suite, fragment_fork, left):
+    """Why: with all three fixed in DeepSpeed's own source 008 passes (the contracts judge the API, not
+    the reference's way of fixing it); with one left out exactly that one's test fails."""
+    run = run_suite(fragment_fork(left), "008-a,008-b")
+    failed = _failed(run)
+    want = {LEFT_OUT[left][0]} if left else set()
+    assert failed == want, f"failed {sorted(failed)}, expected {sorted(want)}\n{run.stdout[-4000:]}"
+    if left:
+        assert LEFT_OUT[left][1] in run.stdout, run.stdout[-4000:]
