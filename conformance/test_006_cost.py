@@ -10,29 +10,28 @@ tests/test_flags_006.py (DeepSpeed forks).  Scenarios: :mod:`pytest_zero3.fixtur
 
 import pytest
 from pytest_zero3.fixtures import family_006 as f6
-
-
-def _assert_none(problems, what):
-    problems = [p for p in problems if p]
-    assert not problems, f"{what}:\n" + "\n".join(problems)
+from pytest_zero3.fixtures.verdicts import assert_clean
 
 
 @pytest.mark.zero3_contract("006-a")
 def test_collectives_per_step(zero3_world):
-    """Collectives are counted at deepspeed.comm's backend, by kind, over forward, backward and
-        ``step()``: the all-gathers of params, the gradients' reduce-scatters, the all-reduces of the
-        optimizer step, and anything else a fork adds.  The first step records the trace and the second
-        completes it (with a cross-rank check of the order); from then on nothing about the step changes,
-        so neither may its collectives.  A count that grows step by step is the slowdown users meet late
-        in a run.  The elements all-gathered per step are bounded by twice the params (each gathered whole
-    for forward and again for backward at most); more is a refetch storm."""
-    problems = []
+    """Collectives are counted at deepspeed.comm's backend, by kind, over each micro-step's forward,
+    backward and ``step()``: the all-gathers of params, the gradients' reductions, the all-reduces of
+    the optimizer step, and anything else a fork adds.  The first step records the trace and the
+    second completes it (with a cross-rank check of the order); from then on nothing about the step
+    changes, so neither may its collectives.  Under gradient accumulation a micro-step before the
+    boundary reduces what the config says (nothing, or its buckets) and the boundary one also runs
+    the optimizer step: micro-steps are compared at the same position of the window, and so each
+    optimizer step's total is the same.  A count that grows step by step is the slowdown users meet
+    late in a run.  The elements all-gathered per micro-step are bounded by twice the params (each
+    gathered whole for forward and again for backward at most); more is a refetch storm."""
+    runs = []
     for distance in (None, 0):
         zero = None if distance is None else {"stage3_max_reuse_distance": distance}
         label = "default reuse distance" if distance is None else f"reuse distance {distance}"
-        for rank, result in enumerate(zero3_world.run(f6.collective_counts, zero=zero)):
-            problems += f6.collective_problems(f"{label}, rank {rank}", result)
-    _assert_none(problems, "collectives per step")
+        runs.append([f6.collective_problems(label, r) for r in zero3_world.run(f6.collective_counts, zero=zero)])
+    results = [sum(per_rank, []) for per_rank in zip(*runs)]
+    assert_clean(results, "collectives per step")
 
 
 @pytest.mark.zero3_contract("006-b")
@@ -42,10 +41,8 @@ def test_python_work_linear(zero3_world):
     after two warm-up steps.  Linear work with a fixed part grows less than twice; a per-param hook
     that walks every param (DeepSpeed PR 7780, fixed by PR 7886), or a release that rescans the trace
     each time, grows toward four times.  Lines, not seconds: the count is the same on a loaded runner."""
-    problems = []
-    for rank, (small, large) in enumerate(zero3_world.run(f6.python_work_sizes, (24, 48))):
-        problems += [f"rank {rank}: {line}" for line in f6.growth_problems(small, large)]
-    _assert_none(problems, "Python work per phase against the params' count")
+    results = [f6.growth_problems(small, large) for small, large in zero3_world.run(f6.python_work_sizes, (24, 48))]
+    assert_clean(results, "Python work per phase against the params' count")
 
 
 # FusedAdam built in the forkserver: a re-wrapped engine gets it on a base that pops torch_adam
@@ -57,8 +54,7 @@ def test_hooks_through_rewraps(zero3_world):
     per module (or per param) per step from then on, and may fire into a destroyed optimizer.  A z3
     leaf gets a module backward hook of stage 3's own, which family 005's re-wrap (no leaf) never
     sees; three cycles show what accumulates only from the second re-wrap on."""
-    results = zero3_world.run(f6.rewrap_hooks)
-    _assert_none([f"rank {r}: {line}" for r, res in enumerate(results) for line in res["problems"]], "hooks")
+    assert_clean(zero3_world.run(f6.rewrap_hooks), "hooks")
 
 
 @pytest.mark.zero3_contract("006-d")
@@ -69,9 +65,12 @@ def test_hook_calls_in_checkpointed_blocks(zero3_world):
     anyway: every weight is right, every param is partitioned after the step, and the params of
     every checkpointed block stay gathered through the rest of backward.  Counted at DeepSpeed's four
     hook functions per module and step, with the blocks checkpointed non-reentrant and reentrant."""
-    problems = []
-    for rank, runs in enumerate(zero3_world.run(f6.hook_call_runs, (False, True))):
-        for reentrant, result in zip((False, True), runs):
-            label = f"rank {rank}, {'reentrant' if reentrant else 'non-reentrant'} checkpointing"
-            problems += f6.hook_call_problems(label, result)
-    _assert_none(problems, "hook calls per step")
+    results = [
+        [
+            line
+            for reentrant, result in zip((False, True), runs)
+            for line in f6.hook_call_problems(f"{'reentrant' if reentrant else 'non-reentrant'} checkpointing", result)
+        ]
+        for runs in zero3_world.run(f6.hook_call_runs, (False, True))
+    ]
+    assert_clean(results, "hook calls per step")
