@@ -398,7 +398,7 @@ class Report:
             tr.write_line(verdict_line(rows, base_spec))
         covered = self.surface()
         if covered is not None:
-            tr.write_line(surface_line(covered))
+            tr.write_line(surface_line(covered, GAPS_SHOWN))
 
     def surface(self) -> dict | None:
         """The surface map's coverage of the implementation (None where it cannot be read)."""
@@ -582,8 +582,13 @@ def markdown(doc: dict) -> str:
     return "\n".join([*lines, ""])
 
 
-def surface_line(covered: dict) -> str:
-    """The surface map's coverage in one line: counts, then the gaps by name (options beside their entry)."""
+#: Gaps named in the terminal's coverage line; the Markdown and JSON reports name every one.
+GAPS_SHOWN = 8
+
+
+def surface_line(covered: dict, gaps_shown: int | None = None) -> str:
+    """The surface map's coverage in one line: counts, then the gaps by name (options beside their
+    entry; ``gaps_shown``: the first so many, then a count)."""
     from pytest_zero3.fixtures import surface
 
     kinds = ", ".join(f"{n} {surface.KINDS[k]}" for k, n in covered["reasons"].items() if k != "gap" and n)
@@ -592,7 +597,10 @@ def surface_line(covered: dict) -> str:
         f"{covered['with_reason']} with a reason ({kinds}), {len(covered['gaps'])} not yet driven"
     )
     if covered["gaps"]:
-        text += ": " + ", ".join(surface.grouped(covered["gaps"]))
+        names = surface.grouped(covered["gaps"])
+        shown = names if gaps_shown is None else names[:gaps_shown]
+        more = f" and {len(names) - len(shown)} more (the reports list them)" if len(shown) < len(names) else ""
+        text += ": " + ", ".join(shown) + more
     if covered["unknown"]:
         text += f"; not in the map: {', '.join(covered['unknown'])}"
     return text
