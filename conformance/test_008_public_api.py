@@ -18,7 +18,7 @@ from pytest_zero3.fixtures import verdicts
 def test_fragment_reads_equal_the_twin(zero3_world, variant):
     """After every backward: ``safe_get_full_grad`` and ``safe_get_local_grad`` (this rank's slice of
     the accumulated gradient); after every step: ``get_global_grad_norm()`` (the norm before clipping,
-    as torch's ``clip_grad_norm_`` returns it), the fp32 masters and Adam's moments, full and local."""
+    the norm torch's clipping returns), the fp32 masters and Adam's moments, full and local."""
     verdicts.assert_clean(zero3_world.run(f8.fragment_api, variant, False), f"tensor-fragment reads ({variant})")
 
 
