@@ -9,10 +9,13 @@ Scenarios: :mod:`pytest_zero3.fixtures.family_008`.
 """
 
 import pytest
+from pytest_zero3.conformance.conftest import CPU_ADAM_PRELOAD as CPU_ADAM
 from pytest_zero3.fixtures import family_008 as f8
 from pytest_zero3.fixtures import verdicts
 
 
+# DeepSpeedCPUAdam (the offload variant's optimizer) built in the forkserver, never inside a scenario's timeout
+@pytest.mark.zero3_preload(CPU_ADAM)
 @pytest.mark.zero3_contract("008-a")
 @pytest.mark.parametrize("variant", tuple(f8.VARIANTS))
 def test_fragment_reads_equal_the_twin(zero3_world, variant):
@@ -22,6 +25,7 @@ def test_fragment_reads_equal_the_twin(zero3_world, variant):
     verdicts.assert_clean(zero3_world.run(f8.fragment_api, variant, False), f"tensor-fragment reads ({variant})")
 
 
+@pytest.mark.zero3_preload(CPU_ADAM)
 @pytest.mark.zero3_contract("008-b")
 @pytest.mark.parametrize("variant", tuple(f8.VARIANTS))
 def test_fragment_writes_train_like_the_twin(zero3_world, variant):

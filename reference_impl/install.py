@@ -176,6 +176,11 @@ def _offload_destroy(original):
         stack = parameter_offload.FWD_MODULE_STACK
         if isinstance(stack, WeakModuleStack):
             stack.discard(self.module)
+        # each module's backward functions close over this offload and are built only where none exists:
+        # left behind, a later wrap of the same model would run its backward hooks into this engine
+        for module in self.module.modules():
+            module.__dict__.pop("pre_bwd_fn", None)
+            module.__dict__.pop("post_bwd_fn", None)
 
     return destroy
 
@@ -295,7 +300,9 @@ PATCHES = (
         DeepSpeedZeRoOffload,
         "destroy",
         _wrapper(_offload_destroy),
-        "also removes the reference coordinator's grad-mode probe hook and the root's entry in the weak module stack",
+        "also removes the reference coordinator's grad-mode probe hook, the root's entry in the weak module stack, "
+        "and every module's backward functions, which close over this offload: a later wrap of the same model "
+        "reused them and ran its backward hooks into the destroyed engine (006-c)",
     ),
     Patch(
         DeepSpeedZeRoOffload,
