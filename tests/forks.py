@@ -40,6 +40,19 @@ BREAK_002A = (
 )
 
 
+#: Fixes DeepSpeed bug 11 (docs/results/bugs.md) on 0.19.8: destroy() drops each module's backward functions,
+#: which close over the destroyed offload, so a model wrapped again runs its backward into its own engine.
+#: The forks of families 005 and 006 start from it, so that 005-c and 006-c judge their own edit.
+FIX_REWRAP = (
+    "runtime/zero/parameter_offload.py",
+    "    def destroy(self):\n        self._remove_module_hooks()\n",
+    "    def destroy(self):\n        self._remove_module_hooks()\n"
+    "        for module in self.module.modules():\n"
+    '            module.__dict__.pop("pre_bwd_fn", None)\n'
+    '            module.__dict__.pop("post_bwd_fn", None)\n',
+)
+
+
 def edit(fork_dir, relpath, old, new):
     """Replace ``old`` (which must occur) with ``new`` in one file of the fork."""
     path = os.path.join(fork_dir, "deepspeed", relpath)

@@ -14,7 +14,7 @@ the proof run (``--proofs``) runs the whole family per fork and checks that the 
 """
 
 import pytest
-from forks import bite_groups
+from forks import FIX_REWRAP, bite_groups
 
 #: fork name -> (contract that must flag it, file under deepspeed/, old text, new text, what the edit costs)
 COST_BUGS = {
@@ -58,18 +58,6 @@ COST_BUGS = {
     ),
 }
 
-#: Every fork here starts from stock with its own 006-c bug fixed (docs/results/bugs.md, bug 11: destroy()
-#: leaves the modules' backward functions, so a re-wrapped model's backward runs into the destroyed
-#: engine), so that 006-c judges the edit, not stock's failure, and the rest of the family passes.
-REWRAP_FIXED = (
-    "runtime/zero/parameter_offload.py",
-    "    def destroy(self):\n        self._remove_module_hooks()\n",
-    "    def destroy(self):\n        self._remove_module_hooks()\n"
-    "        for module in self.module.modules():\n"
-    '            module.__dict__.pop("pre_bwd_fn", None)\n'
-    '            module.__dict__.pop("post_bwd_fn", None)\n',
-)
-
 #: Proven by the proof run only: 006-b already bites in every run on the first fork and on the
 #: ``release_scan_uncached`` coordinator (tests/flags.py), which is this bug in the reference.
 PROOF_ONLY = frozenset({"release_sets_uncached"})
@@ -84,7 +72,8 @@ def cost_fork(tmp_path_factory):
     :data:`BITE_GROUPS` group named ``"a+b"`` (built once)."""
     from forks import ForkCache
 
-    edits = {name: [REWRAP_FIXED, bug[1:4]] for name, bug in COST_BUGS.items()}
+    # stock's own 006-c bug fixed first (forks.FIX_REWRAP): 006-c then judges the edit, not stock
+    edits = {name: [FIX_REWRAP, bug[1:4]] for name, bug in COST_BUGS.items()}
     edits.update({"+".join(g): [e for name in g for e in edits[name]] for g in BITE_GROUPS})
     return ForkCache(tmp_path_factory, edits)
 
