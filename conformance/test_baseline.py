@@ -124,8 +124,8 @@ def test_default_persistence(zero3_world):
     )
     bad = [
         [
-            f"after step {s}: {v}"
-            for key in ("persistence", "lifecycle")
+            f"{'during' if key == 'persistence_within' else 'after'} step {s}: {v}"
+            for key in ("persistence_within", "persistence", "lifecycle")
             for s, lines in enumerate(run[key])
             for v in lines
         ]
