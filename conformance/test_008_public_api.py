@@ -13,6 +13,9 @@ from pytest_zero3.conformance.conftest import CPU_ADAM_PRELOAD as CPU_ADAM
 from pytest_zero3.fixtures import family_008 as f8
 from pytest_zero3.fixtures import verdicts
 
+#: builds DeepSpeed's FusedAdam op in the forkserver, whatever the release (fixtures/fused_adam_build.py)
+FUSED_ADAM = "pytest_zero3.fixtures.fused_adam_build"
+
 
 # DeepSpeedCPUAdam (the offload variant's optimizer) built in the forkserver, never inside a scenario's timeout
 @pytest.mark.zero3_preload(CPU_ADAM)
@@ -34,3 +37,35 @@ def test_fragment_writes_train_like_the_twin(zero3_world, variant):
     clips by the norm of the gradients as written and starts from the written master and moments;
     every later read and the final weights equal the twin's that made the same writes."""
     verdicts.assert_clean(zero3_world.run(f8.fragment_api, variant, True), f"tensor-fragment writes ({variant})")
+
+
+# FusedAdam (offload_states asserts it) built in the forkserver, DeepSpeedCPUAdam where a drawn config
+# offloads the optimizer
+@pytest.mark.zero3_preload(FUSED_ADAM, CPU_ADAM)
+@pytest.mark.zero3_contract("008-c")
+@pytest.mark.parametrize("kind", tuple(f8.OFFLOADS))
+def test_offload_states_round_trip(zero3_world, kind):
+    """RL trainers offload the engine's states around generation and reload them for the next step:
+    after the round trip every fp32 master and Adam moment is the twin's and training goes on like
+    the twin's, which never moved anything; while offloaded, each moved kind is on the host."""
+    verdicts.assert_clean(zero3_world.run(f8.offload_round_trip, kind), f"offload_states round trip ({kind})")
+
+
+@pytest.mark.zero3_contract("008-d")
+@pytest.mark.parametrize("module_only", (False, True), ids=("full", "module-only"))
+def test_checkpoint_load_options(zero3_world, tmp_path, module_only):
+    """``load_optimizer_states`` True and False, with and without ``load_module_only``: the trained
+    weights are loaded into a fresh engine, and training goes on like a twin that restored the same
+    things: Adam's moments only where the optimizer states are loaded and not module only (a fresh
+    AdamW otherwise, unlike a torch resume of the whole optimizer)."""
+    results = zero3_world.run(f8.checkpoint_loads, str(tmp_path / "ckpt"), module_only)
+    verdicts.assert_clean(results, f"load_checkpoint options ({'module only' if module_only else 'full'})")
+
+
+@pytest.mark.zero3_contract("008-e")
+@pytest.mark.parametrize("how", f8.COPIES)
+def test_copy_of_wrapped_model(zero3_world, how):
+    """EMA and reference-model code copies the model it trains: ``copy.deepcopy(engine.module)`` and a
+    pickle round trip either raise at the call or give what plain torch gives (the full trained
+    weights, the twin's forward); the original trains on like the twin either way."""
+    verdicts.assert_clean(zero3_world.run(f8.copy_of_wrapped, how), f"{how} of the wrapped model")

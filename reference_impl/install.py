@@ -16,13 +16,14 @@ from typing import Any, Callable, Optional
 import deepspeed.runtime.config as ds_runtime_config
 import deepspeed.runtime.zero.config as ds_zero_config
 import torch
+from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
-from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+from deepspeed.runtime.zero.partition_parameters import GatheredParameters, Init
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from deepspeed.utils import groups
 
-from . import fragments
+from . import copies, fragments, module_only
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
@@ -388,6 +389,23 @@ PATCHES = (
         _replacement(fragments.set_full_hp_param),
         "safe_set_full_fp32_param and safe_set_full_optimizer_state raised on the last ranks of a param whose "
         "size does not divide by the world size (008-b)",
+    ),
+    Patch(
+        Init,
+        "_convert_to_deepspeed_param",
+        _wrapper(copies.convert_refusing_deepcopy),
+        "copy.deepcopy of a partitioned param (copy.deepcopy(engine.module)) gave an empty plain Parameter, a "
+        "copy with no weights whose forward raised later; it is refused at the call, naming the param "
+        "(reference_impl/copies.py, 008-e, DeepSpeed bug 13)",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "_load_checkpoint",
+        _wrapper(module_only.load_module_only_weights),
+        "load_checkpoint(load_module_only=True) with the default load_optimizer_states=True loaded the saved "
+        "module state dict, whose ZeRO-3 params are empty placeholders: the engine kept its initial weights; "
+        "module only now loads the consolidated weights, as load_optimizer_states=False does "
+        "(reference_impl/module_only.py, 008-d, DeepSpeed bug 14)",
     ),
 )
 
