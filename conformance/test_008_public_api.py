@@ -52,20 +52,20 @@ def test_offload_states_round_trip(zero3_world, kind):
 
 
 @pytest.mark.zero3_contract("008-d")
-@pytest.mark.parametrize("module_only", (False, True), ids=("full", "module-only"))
-def test_checkpoint_load_options(zero3_world, tmp_path, module_only):
+@pytest.mark.parametrize("variant", ("full", "module-only"))
+def test_checkpoint_load_options(zero3_world, tmp_path, variant):
     """``load_optimizer_states`` True and False, with and without ``load_module_only``: the trained
     weights are loaded into a fresh engine, and training goes on like a twin that restored the same
     things: Adam's moments only where the optimizer states are loaded and not module only (a fresh
     AdamW otherwise, unlike a torch resume of the whole optimizer)."""
-    results = zero3_world.run(f8.checkpoint_loads, str(tmp_path / "ckpt"), module_only)
-    verdicts.assert_clean(results, f"load_checkpoint options ({'module only' if module_only else 'full'})")
+    results = zero3_world.run(f8.checkpoint_loads, str(tmp_path / "ckpt"), variant == "module-only")
+    verdicts.assert_clean(results, f"load_checkpoint options ({variant})")
 
 
 @pytest.mark.zero3_contract("008-e")
-@pytest.mark.parametrize("how", f8.COPIES)
-def test_copy_of_wrapped_model(zero3_world, how):
+@pytest.mark.parametrize("variant", f8.COPIES)
+def test_copy_of_wrapped_model(zero3_world, variant):
     """EMA and reference-model code copies the model it trains: ``copy.deepcopy(engine.module)`` and a
     pickle round trip either raise at the call or give what plain torch gives (the full trained
     weights, the twin's forward); the original trains on like the twin either way."""
-    verdicts.assert_clean(zero3_world.run(f8.copy_of_wrapped, how), f"{how} of the wrapped model")
+    verdicts.assert_clean(zero3_world.run(f8.copy_of_wrapped, variant), f"{variant} of the wrapped model")
