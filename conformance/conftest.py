@@ -86,23 +86,23 @@ def zero3_world(zero3_world, zero3_profile, request):
         world = world.resized(profile.min_world_size) or world  # short of devices: the rank says so
     user = profiles.config_overlay(settings)
     profiles.activate(zero3_profile, user, getattr(world, "size", settings.world_size))  # the test's side
-    yield ProfileWorld(world, zero3_profile, user)
+    yield ProfileWorld(world, zero3_profile, user, settings.poison)
     profiles.activate(profiles.DEFAULT, {})
 
 
 class ProfileWorld:
     """A world whose :meth:`run` wraps the scenario in :func:`profiles.call` on every rank."""
 
-    def __init__(self, world, profile: str, user: dict):
-        self._world, self.profile, self._user = world, profile, user
+    def __init__(self, world, profile: str, user: dict, poison: bool = False):
+        self._world, self.profile, self._user, self._poison = world, profile, user, poison
 
     def run(self, fn, *args, **kwargs):
         self._check_device()
-        return self._world.run(profiles.call, self.profile, self._user, fn, args, kwargs)
+        return self._world.run(profiles.call, self.profile, self._user, fn, args, kwargs, poison=self._poison)
 
     def outcomes(self, fn, *args, **kwargs):
         self._check_device()
-        return self._world.outcomes(profiles.call, self.profile, self._user, fn, args, kwargs)
+        return self._world.outcomes(profiles.call, self.profile, self._user, fn, args, kwargs, poison=self._poison)
 
     def _check_device(self):
         """A GPU-only profile where the ranks will run on the CPU accelerator: unsupported before any

@@ -221,6 +221,16 @@ OPTIONS: tuple[Option, ...] = (
         ini_type="bool",
     ),
     Option(
+        "poison",
+        _flag,
+        False,
+        "Fill the memory torch leaves uninitialised with NaN in every rank (torch's deterministic fill), so a "
+        "bug that reads padding or an unwritten buffer fails every run, not by the allocator's luck; about "
+        "2-3x a contract's time.",
+        switch=True,
+        ini_type="bool",
+    ),
+    Option(
         "examples",
         _whole(0, "examples"),
         None,
@@ -324,6 +334,7 @@ class Settings:
     report_md: str | None  # Markdown report path
     expect: str | None  # expectations file
     strict: bool
+    poison: bool  # uninitialised memory filled with NaN in every rank (fixtures/profiles.py)
     examples: int | None  # rule family: generated examples (None: its default)
     seed: int | None  # rule family: seed (None: derandomised)
     shrink: int  # rule family: worlds a shrink may start

@@ -130,3 +130,11 @@ def test_known_bad_coordinator_still_flagged_under_the_overlay(run_suite, tmp_pa
     file, cls = coordinator.split(":")
     run = run_suite(f"{BAD / file}:{cls}", contract, f"--zero3-config={_overlay(tmp_path, config)}")
     assert run.outcomes().get(contract) == "fail" and run.returncode == 1, run.stdout[-4000:]
+
+
+def test_poisoned_memory_is_named_and_the_reference_stays_green(run_suite):
+    """``--zero3-poison`` fills what torch leaves uninitialised with NaN in every rank: the header says so,
+    and the reference, which reads no padding, passes a parity contract over uneven partitions."""
+    run = run_suite("reference", "005-d", "--zero3-poison")
+    _green(run, {"005-d"})
+    assert "uninitialised memory filled with NaN (--zero3-poison)" in run.stdout, run.stdout[-3000:]
