@@ -88,13 +88,13 @@ def test_report_header_and_implementation_fields(tmp_path):
     """What the report shows: the profiles, and the overlay file with the keys it sets."""
     from types import SimpleNamespace
 
-    settings = SimpleNamespace(profile=("fp32",), config=None, world_size=2)
+    settings = SimpleNamespace(profile=("fp32",), config=None, world_size=2, poison=False)
     assert profiles.report_header(settings) == "profiles: fp32"
     assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None}
     assert profiles.summary_line(settings) == ""
     user = {"bf16": {"enabled": True}, "gradient_accumulation_steps": 2, "optimizer": {"type": "Adam"}}
     (tmp_path / "ds.json").write_text(json.dumps(user))
-    settings = SimpleNamespace(profile=("hpz",), config=str(tmp_path / "ds.json"), world_size=2)
+    settings = SimpleNamespace(profile=("hpz",), config=str(tmp_path / "ds.json"), world_size=2, poison=False)
     overlay = profiles.report_implementation(settings)["config_overlay"]
     assert overlay["keys"] == ["bf16.enabled", "gradient_accumulation_steps", "optimizer.type"]
     # what it changed in the contracts' configs (the batch follows the accumulation), what it could not

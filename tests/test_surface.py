@@ -171,7 +171,7 @@ class _Stub:
         import types
 
         self.settings = types.SimpleNamespace(
-            spec=spec, backend="gloo", timeout=60.0, baseline=None, profile=("fp32",), config=None
+            spec=spec, backend="gloo", timeout=60.0, baseline=None, profile=("fp32",), config=None, poison=False
         )
 
     def world_size(self) -> int:
