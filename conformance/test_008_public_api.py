@@ -72,3 +72,13 @@ def test_copy_of_wrapped_model(zero3_world, variant):
     pickle round trip either raise at the call or give what plain torch gives (the full trained
     weights, the twin's forward); the original trains on like the twin either way."""
     verdicts.assert_clean(zero3_world.run(f8.copy_of_wrapped, variant), f"{variant} of the wrapped model")
+
+
+@pytest.mark.zero3_contract("008-f")
+@pytest.mark.parametrize("variant", f8.EDGE_VARIANTS)
+def test_size_keys_at_the_model_boundaries(zero3_world, variant):
+    """Config sizes land exactly on a param's numel in real configs (HF's ``"auto"`` values are computed
+    from the hidden size): every size key of the implementation at each boundary of the model (each
+    param's numel, one less, one more, the model's total, above it), params smaller than the world
+    size and of odd numel, and a 0-dim param (its own test: one failure does not hide the other)."""
+    verdicts.assert_clean(zero3_world.run(f8.edge_sizes, variant), f"edge sizes ({variant})")

@@ -237,6 +237,45 @@ def _epilogue_invalidating_frozen(original):
     return epilogue
 
 
+def _broadcast_model_with_scalars(original):
+    """DeepSpeed broadcasts each param as bytes (``p.data.view(torch.uint8)``), which torch refuses for a
+    0-dim tensor: a model with a scalar param (a layer scale, a temperature) failed in
+    ``deepspeed.initialize`` (008-f, DeepSpeed bug 15).  Each 0-dim param is a 1-element view of the same
+    storage for the original's broadcast, and 0-dim again after it."""
+
+    @functools.wraps(original)
+    def broadcast(self):
+        scalars = [p for p in self.module.parameters() if p.dim() == 0]
+        for p in scalars:
+            p.data = p.data.view(1)
+        try:
+            return original(self)
+        finally:
+            for p in scalars:
+                p.data = p.data.view(())
+
+    return broadcast
+
+
+def _zero_init_param_with_scalars(original):
+    """zero.Init broadcasts each new param from the group's first rank as bytes before partitioning it,
+    which raised for a 0-dim param, as :func:`_broadcast_model_with_scalars`; the broadcast of a 0-dim
+    param goes through a 1-element view of its storage, the rest is the original's."""
+    import deepspeed.comm as dist
+
+    @functools.wraps(original)
+    def init_param(self, param):
+        if param.dim() != 0:
+            return original(self, param)
+        self._convert_to_deepspeed_param(param)
+        group = self.get_partition_dp_group(param)
+        src = 0 if dist.get_world_group() == group else dist.get_global_rank(group, 0)
+        dist.broadcast(param.data.view(1).view(torch.uint8), src, group)
+        param.partition()
+
+    return init_param
+
+
 def _keep_live_entries(original, installed) -> None:
     """Uninstalling the weak stack: the original list takes the modules still on it."""
     original[:] = list(installed)
@@ -406,6 +445,22 @@ PATCHES = (
         "module state dict, whose ZeRO-3 params are empty placeholders: the engine kept its initial weights; "
         "module only now loads the consolidated weights, as load_optimizer_states=False does "
         "(reference_impl/module_only.py, 008-d, DeepSpeed bug 14)",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "_broadcast_model",
+        _wrapper(_broadcast_model_with_scalars),
+        "deepspeed.initialize raised on a model with a 0-dim param (its broadcast views every param as bytes, "
+        "which torch refuses for a 0-dim tensor); each one is broadcast as a 1-element view (008-f, DeepSpeed "
+        "bug 15)",
+    ),
+    Patch(
+        Init,
+        "_zero_init_param",
+        _wrapper(_zero_init_param_with_scalars),
+        "the same for zero.Init's broadcast of each new param (every model under zero.Init, and every model "
+        "deepspeed.initialize partitions): a 0-dim param is broadcast as a 1-element view (008-f, DeepSpeed "
+        "bug 15)",
     ),
 )
 

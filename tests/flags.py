@@ -371,3 +371,15 @@ CASES += (
         extra=ANCHORS_ONLY,
     ),
 )
+
+# family 008 (the public surface); the forks of its tensor-fragment contracts: tests/test_flags_008.py
+CASES += (
+    Case(
+        "ipg_buffer_one_short.py:IpgBufferOneShort",
+        "the contiguous gradient bucket allocated one element short of `reduce_bucket_size`: a bucket filled "
+        "exactly to the size writes past it (shows only at a size a backward fills exactly, as HF's `auto` does)",
+        frozenset({"008-f"}),
+        COORDINATOR_FAMILIES + ",008",
+        extra=ANCHORS_ONLY,
+    ),
+)
