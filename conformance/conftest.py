@@ -7,6 +7,7 @@ not run.  Every world of a contract runs its scenario under that profile and the
 """
 
 import copy
+import types
 
 import pytest
 from pytest_zero3.fixtures import profiles
@@ -18,6 +19,9 @@ from pytest_zero3.scenario import Unsupported
 #: offloads the optimizer): the forkserver imports it, building DeepSpeedCPUAdam there once (under
 #: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.
 CPU_ADAM_PRELOAD = "pytest_zero3.fixtures.cpu_adam_op"
+#: Added to every test of a run with a compile profile: dynamo's one-time set-up, paid in the forkserver.
+COMPILE_PRELOAD = "pytest_zero3.fixtures.compile_warmup"
+FIXTURES = "pytest_zero3.fixtures."
 
 
 def _contract(definition) -> str:
@@ -52,10 +56,31 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_itemcollected(item):
-    """A --zero3-config that offloads the optimizer: every contract may step DeepSpeedCPUAdam."""
+    """The forkserver imports the scenario modules a contract's test module uses (every world would
+    import them again otherwise: about 0.1 s of CPU per rank per world, measured); a --zero3-config that
+    offloads the optimizer: every contract may step DeepSpeedCPUAdam; a compile profile: dynamo warmed."""
+    if "zero3_world" not in getattr(item, "fixturenames", ()):
+        return
+    item.add_marker(pytest.mark.zero3_preload(*scenario_modules(getattr(item, "module", None))))
     settings = options.settings(item.config)
-    if "zero3_world" in getattr(item, "fixturenames", ()) and profiles.cpu_adam(profiles.config_overlay(settings)):
+    if profiles.cpu_adam(profiles.config_overlay(settings)):
         item.add_marker(pytest.mark.zero3_preload(CPU_ADAM_PRELOAD))
+    if any(profiles.PROFILES[name].compile_backend for name in settings.profile if name in profiles.PROFILES):
+        item.add_marker(pytest.mark.zero3_preload(COMPILE_PRELOAD))
+
+
+def scenario_modules(module) -> tuple[str, ...]:
+    """The ``pytest_zero3.fixtures`` modules ``module`` (a test module) imported: its scenarios' homes."""
+    names = (
+        {
+            value.__name__
+            for value in vars(module).values()
+            if isinstance(value, types.ModuleType) and value.__name__.startswith(FIXTURES)
+        }
+        if module is not None
+        else set()
+    )
+    return tuple(sorted(names))
 
 
 def pytest_configure(config):

@@ -35,6 +35,14 @@ DEEPSPEED = (
     "deepspeed.runtime.zero.muon.muon_optimizer",
     "deepspeed.runtime.zero.partition_parameters",
     "deepspeed.ops.adam",
+    # what 0.19.8's initialize() and first step import lazily (every world paid them again); a release
+    # without them skips the names
+    "deepspeed.module_inject.auto_ep_layer",
+    "deepspeed.runtime.superoffload.superoffload_stage3",
+    "deepspeed.utils.pin_memory",
+    "deepspeed.comm.mori",
+    "torch._subclasses.schema_check_mode",
+    "torch.profiler._cupti_monitor",
 )
 #: What a zygote (:mod:`pytest_zero3.zygote`) imports besides :data:`BASE`: the inductor modules that
 #: deepspeed.runtime.zero.muon imports.
