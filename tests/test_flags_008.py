@@ -95,3 +95,55 @@ def test_each_fragment_bug_alone_fails_its_test(run_suite, fragment_fork, left):
     assert failed == want, f"failed {sorted(failed)}, expected {sorted(want)}\n{run.stdout[-4000:]}"
     if left:
         assert LEFT_OUT[left][1] in run.stdout, run.stdout[-4000:]
+
+
+#: Undoes DeepSpeed PR 8210 (issue 6659): the secondary (hpZ) shard of a param smaller than the secondary
+#: partition is copied from past the param's end, which raises ``start out of range``.
+UNDO_8210 = (
+    "runtime/zero/partition_parameters.py",
+    "                param.ds_secondary_tensor.zero_()\n"
+    "                if sec_numel > 0:\n"
+    "                    param.ds_secondary_tensor.narrow(0, 0, sec_numel).copy_(\n"
+    "                        one_dim_param.narrow(0, secondary_start, sec_numel))",
+    "                param.ds_secondary_tensor.narrow(0, 0, sec_numel).copy_(\n"
+    "                    one_dim_param.narrow(0, secondary_start, sec_numel))",
+)
+
+
+@pytest.mark.proof
+def test_hpz_small_param_crash_fails_the_edge_sizes(run_suite, tmp_path_factory):
+    """Why: 008-f's params smaller than the world are what hpZ's secondary shards get wrong; with DeepSpeed's
+    fix of that (PR 8210) undone on a copy of 0.19.8, 008-f's sizes test fails under the hpz profile,
+    naming the raise, and passes without hpZ (its scalar test fails either way: DeepSpeed bug 15)."""
+    from forks import ForkCache
+
+    fork = ForkCache(tmp_path_factory, {"undo-8210": UNDO_8210})("undo-8210")
+    run = run_suite(fork, "008-f", "--zero3-profile=fp32,hpz", "-k", "sizes")
+    failed = _failed(run)
+    assert failed == {"test_size_keys_at_the_model_boundaries[hpz-sizes]"}, (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
+    assert "start out of range" in run.stdout, run.stdout[-4000:]
+
+
+#: The poison axis's known-bad: each rank's reduce-scatter output keeps the padding of its last chunk
+#: (``torch.empty``, never written), so the padded tail of a gradient partition holds whatever the
+#: allocator left there, and the clipping norm sums it.
+PADDING_READ = (
+    "runtime/comm/coalesced_collectives.py",
+    "            0, offset, partition_lst_for_each_tensor[tensor_idx][this_rank].numel())",
+    "            0, offset, padded_partition_sz_for_each_tensor[tensor_idx])",
+)
+
+
+@pytest.mark.proof
+def test_padding_read_fails_under_poison(run_suite, tmp_path_factory):
+    """Why (issue 39, uninitialised memory): a bug that reads padding shows only when the allocator hands
+    back dirty memory.  Under ``--zero3-poison`` every such read is NaN: 005-d (uneven partitions, a
+    small reduce bucket) fails on every run; without it, 005-d passed in every run measured (the other
+    contracts that read the tail, 008-a and 008-f, caught it there by the allocator's luck)."""
+    from forks import ForkCache
+
+    fork = ForkCache(tmp_path_factory, {"padding-read": PADDING_READ})("padding-read")
+    run = run_suite(fork, "005-d", "--zero3-poison")
+    assert run.outcomes().get("005-d") == "fail", run.stdout[-4000:]
