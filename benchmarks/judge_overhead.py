@@ -44,7 +44,7 @@ def time_the_probe() -> None:
     """Accumulate, per probe, the main thread's CPU seconds inside its hooks (and the judging they run)
     in ``probe.own_cpu[judged]``, split by whether the step they belong to is judged (a step is judged
     at the next step's start; the all-gather counters, a dict update per gathered param, are left out)."""
-    from pytest_zero3.fixtures.event_probe import EventProbe
+    from pytest_zero3.fixtures.rule.event_probe import EventProbe
 
     def add(probe, judged: bool, seconds: float) -> None:
         if not hasattr(probe, "own_cpu"):

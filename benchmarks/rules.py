@@ -25,7 +25,7 @@ def worker(rank, args, store):
         from pytest_zero3 import reference_impl
 
         reference_impl.install()
-    from pytest_zero3.fixtures import family_rule as f
+    from pytest_zero3.fixtures.rule import family_rule as f
 
     out = []
     for spec in args.specs:
@@ -65,7 +65,7 @@ def main():
     parser.add_argument("--examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
-    from pytest_zero3.fixtures import rule_batch as rb
+    from pytest_zero3.fixtures.rule import rule_batch as rb
 
     n = rb.DEFAULT_EXAMPLES if args.examples is None else args.examples
     specs = rb.ANCHORS + rb.draw_examples(n, args.seed)

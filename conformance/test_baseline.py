@@ -15,7 +15,7 @@ most 5e-7 (relative 1e-6 for the 131072-element table, 1e-5 for small weights ne
 under the bound).  A param used stale, half-gathered or reduced twice moves a weight by about the
 learning rate (1e-2) within a step.
 
-The models (``pytest_zero3.fixtures.models_extra``) are tiny and built from code; every scenario runs 10-12
+The models (``pytest_zero3.fixtures.models.extra``) are tiny and built from code; every scenario runs 10-12
 training steps and takes about a second per engine on a 2-core CPU box.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from pytest_zero3.fixtures import family_base as fb
 from pytest_zero3.fixtures import verdicts
 from pytest_zero3.fixtures.models import linear_numel
-from pytest_zero3.fixtures.models_extra import FIRST_BLOCK_LEAF_THRESHOLD
+from pytest_zero3.fixtures.models.extra import FIRST_BLOCK_LEAF_THRESHOLD
 
 PREFETCH_ONE_LAYER = {"stage3_prefetch_bucket_size": fb.ONE_LAYER_BUCKET}
 PREFETCH_DEFAULT = {"stage3_prefetch_bucket_size": fb.DEFAULT_BUCKET}
@@ -75,7 +75,7 @@ def test_mlp_parity_prefetch_on(zero3_world):
 
 @pytest.mark.zero3_contract("base-c")
 def test_tied_weights_parity(zero3_world):
-    """``dec.weight is enc.weight`` and ``mid`` runs twice per forward (``pytest_zero3.fixtures.models_extra.TiedMLP``).
+    """``dec.weight is enc.weight`` and ``mid`` runs twice per forward (``pytest_zero3.fixtures.models.extra.TiedMLP``).
 
     One Parameter with two consumer modules, and one module appearing twice in the trace: a
     coordinator that releases a param when *one* consumer finishes, or prefetches it again while it

@@ -2,11 +2,11 @@
 
 Spec: the ZeRO-3 config docs (``stage3_max_reuse_distance``, ``stage3_prefetch_bucket_size``,
 ``stage3_max_live_parameters``, ``stage3_param_persistence_threshold``) and DeepSpeed PRs 9003, 8883,
-8148 and 8431 (the seeds), as written down, one rule per contract, in :mod:`pytest_zero3.fixtures.rules`.
+8148 and 8431 (the seeds), as written down, one rule per contract, in :mod:`pytest_zero3.fixtures.rule.rules`.
 
 Examples: fixed anchors (each aimed at one rule, so every run covers every rule, and one per bug the
 family found) plus ``--zero3-examples`` drawn by hypothesis, or only the examples of
-``--zero3-replay``; :mod:`pytest_zero3.fixtures.rule_batch` generates, batches, shrinks, saves and
+``--zero3-replay``; :mod:`pytest_zero3.fixtures.rule.rule_batch` generates, batches, shrinks, saves and
 replays them.  The session runs the batch once (also under pytest-xdist) and the parent judges the
 records, so each contract below reads the same run.
 """
@@ -14,14 +14,14 @@ records, so each contract below reads the same run.
 from __future__ import annotations
 
 import pytest
-from pytest_zero3.fixtures import rule_batch
+from pytest_zero3.fixtures.rule import rule_batch
 
 from pytest_zero3 import expectations, options
 
 
 @pytest.fixture(scope="session")
 def zero3_rule_batch(request, tmp_path_factory):
-    """The session's :class:`pytest_zero3.fixtures.rule_batch.Batch`: every rule test reads its one run."""
+    """The session's :class:`pytest_zero3.fixtures.rule.rule_batch.Batch`: every rule test reads its one run."""
     config = request.config
     settings = options.settings(config)
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider

@@ -13,7 +13,7 @@ per model).  Each contract checks, at reuse distances 0 and 2000 with a prefetch
 elements (:mod:`pytest_zero3.fixtures.family_zoo`):
 
 * every hook event of the 3 training steps and of every ``generate()`` forward, on every rank, against
-  the rule model (:func:`pytest_zero3.fixtures.rules.judge`, the ``rule`` family's rules a-g);
+  the rule model (:func:`pytest_zero3.fixtures.rule.rules.judge`, the ``rule`` family's rules a-g);
 * losses (mean over ranks) and final weights against the same model trained in plain torch;
 * ``generate()`` tokens identical, and scores within 1e-5 relative, to a plain-torch copy of the model
   holding the ZeRO-3 run's final weights.

@@ -1,7 +1,7 @@
-"""Judge any engine: the rule model (``fixtures/rules.py``) watching a ZeRO-3 engine you built yourself.
+"""Judge any engine: the rule model (``fixtures/rule/rules.py``) watching a ZeRO-3 engine you built yourself.
 
-``pytest_zero3.judge(engine)`` attaches the event probe (``fixtures/event_probe.py``) to the engine's
-hooks and feeds each finished step to :class:`pytest_zero3.fixtures.rules.Judge`, with the rule config
+``pytest_zero3.judge(engine)`` attaches the event probe (``fixtures/rule/event_probe.py``) to the engine's
+hooks and feeds each finished step to :class:`pytest_zero3.fixtures.rule.rules.Judge`, with the rule config
 read from the engine's own ZeRO config.  Records are judged as they finish and then dropped, so a long
 run keeps only its violations.
 
@@ -12,7 +12,7 @@ Sampling (``every=N``): the rules are a state machine over the trace the coordin
 step cannot be judged alone.  Every step's hook events are recorded (module and params per event:
 what moves the trace), but only the judged steps pay for the rest: a snapshot of every param's status
 after each event and the all-gather counts.  A skipped step moves the model's trace state exactly as
-the coordinator's (:meth:`~pytest_zero3.fixtures.rules.Trace.follow`), so a judged step is judged
+the coordinator's (:meth:`~pytest_zero3.fixtures.rule.rules.Trace.follow`), so a judged step is judged
 against the trace state it really starts from, never against a guess.  Judged: steps 0 and 1 (the
 one that records the trace, the first on a complete trace), then every step whose number is a
 multiple of N.
@@ -45,8 +45,8 @@ class JudgeError(Exception):
 
 
 def rule_config(engine):
-    """The :class:`~pytest_zero3.fixtures.rules.Config` of ``engine``: its ZeRO config and its params."""
-    from pytest_zero3.fixtures import rules  # lazy: see the module docstring
+    """The :class:`~pytest_zero3.fixtures.rule.rules.Config` of ``engine``: its ZeRO config and its params."""
+    from pytest_zero3.fixtures.rule import rules  # lazy: see the module docstring
 
     stage = engine.zero_optimization_stage()
     if stage != 3:
@@ -63,7 +63,7 @@ class EngineJudge:
     def __init__(self, engine, every: int = 1, check: bool = True, config=None):
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"pytest_zero3.judge(every={every!r}): every must be a whole number of steps, 1 or more")
-        from pytest_zero3.fixtures import rules  # lazy: see the module docstring
+        from pytest_zero3.fixtures.rule import rules  # lazy: see the module docstring
 
         self.engine, self.every, self.check = engine, every, check
         self.config = config if config is not None else rule_config(engine)
@@ -86,7 +86,7 @@ class EngineJudge:
         """Hook the probe in; call it between steps.  An engine that already ran a step has its trace
         invalidated (as a changed module order would), so coordinator and model record it afresh."""
         from pytest_zero3.fixtures import engine as eng  # lazy: see the module docstring
-        from pytest_zero3.fixtures.event_probe import EventProbe  # lazy: see the module docstring
+        from pytest_zero3.fixtures.rule.event_probe import EventProbe  # lazy: see the module docstring
 
         if self._probe is None:
             coordinator = eng.coordinator(self.engine)
@@ -118,7 +118,7 @@ class EngineJudge:
     # -- verdict ---------------------------------------------------------------------------------
     def report(self) -> str:
         """The violations for a person: how many, the first :data:`SHOWN`, and what each broken rule says."""
-        from pytest_zero3.fixtures import rules  # lazy: see the module docstring
+        from pytest_zero3.fixtures.rule import rules  # lazy: see the module docstring
 
         c = self.config
         head = (
@@ -148,9 +148,9 @@ def judge(engine, every: int = 1, check: bool = True, config=None) -> EngineJudg
 
     ``with pytest_zero3.judge(engine, every=10) as j: <train>``: on a clean exit of the block,
     :class:`RuleViolations` lists every violation (rule, step, event, module, param), unless
-    ``check=False``; ``j.violations`` holds them as :class:`pytest_zero3.fixtures.rules.Violation`
+    ``check=False``; ``j.violations`` holds them as :class:`pytest_zero3.fixtures.rule.rules.Violation`
     either way.  ``every``: judge steps 0 and 1, then every ``every``-th (module docstring: why that is
-    sound).  ``config``: a :class:`pytest_zero3.fixtures.rules.Config` instead of the engine's own.
+    sound).  ``config``: a :class:`pytest_zero3.fixtures.rule.rules.Config` instead of the engine's own.
     Without ``with``, call ``attach()`` and ``detach()``, then ``assert_clean()``.
     """
     return EngineJudge(engine, every=every, check=check, config=config)

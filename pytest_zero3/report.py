@@ -123,7 +123,7 @@ class Report:
             from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
             lines.append("zero3: " + profiles.report_header(settings))
-        from pytest_zero3.fixtures import zero_keys
+        from pytest_zero3.fixtures.rule import zero_keys
 
         keys = zero_keys.header(info.get("deepspeed_path", ""))
         if keys:  # a fork's own ZeRO keys, or ones it lacks: what the rule family's draw leaves out

@@ -18,7 +18,7 @@
 # 4. Runs the GPU-only config profiles (fixtures/profiles.py: fp16, qwz, qgz, deepcompile; CPU runs
 #    report them unsupported) against the reference: reports/gpu-profiles.{json,md}.
 # 5. Runs the rule family with the ZeRO keys a CPU cannot draw drawn too (PYTEST_ZERO3_GPU_KEYS=1;
-#    fixtures/zero_keys.py: zero_quantized_weights, zero_quantized_nontrainable_weights,
+#    fixtures/rule/zero_keys.py: zero_quantized_weights, zero_quantized_nontrainable_weights,
 #    zero_quantized_gradients), RULE_EXAMPLES drawn examples (default 24) against the reference:
 #    reports/gpu-keys.{json,md}.
 # Exit status: non-zero when any step fails.

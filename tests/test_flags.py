@@ -17,7 +17,7 @@ import json
 
 import pytest
 from flags import ANCHORS_ONLY, CASES, Case
-from pytest_zero3.fixtures import rule_batch
+from pytest_zero3.fixtures.rule import rule_batch
 
 from conftest import BAD
 

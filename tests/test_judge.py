@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pytest_zero3.fixtures import hf_models
+from pytest_zero3.fixtures.models import hf as hf_models
 
 import pytest_zero3
 from pytest_zero3 import impl, scenario

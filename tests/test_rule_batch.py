@@ -1,4 +1,4 @@
-"""The rule family's batch (``fixtures/rule_batch.py``): once per session under xdist, failures saved and
+"""The rule family's batch (``fixtures/rule/rule_batch.py``): once per session under xdist, failures saved and
 replayed with ``--zero3-replay``, and how the draw follows ``--zero3-*`` and hypothesis's own options."""
 
 import json
@@ -8,7 +8,7 @@ import shlex
 import pytest
 from hypothesis import core
 from hypothesis import settings as hsettings
-from pytest_zero3.fixtures import rule_batch
+from pytest_zero3.fixtures.rule import rule_batch
 
 from conftest import BAD
 from pytest_zero3 import impl, options
@@ -96,7 +96,8 @@ def test_axes_are_drawn_spelled_one_way_and_put_into_the_config():
     literal = json.dumps({"blocks": ["linear"], "zero": {}, "axes": ["zinit", "bf16"]})
     assert rule_batch.load_replay(literal)[0]["axes"] == ["bf16", "zinit"]
 
-    from pytest_zero3.fixtures import family_rule, profiles
+    from pytest_zero3.fixtures import profiles
+    from pytest_zero3.fixtures.rule import family_rule
 
     example = rule_batch.spec(["linear"], {"stage3_prefetch_bucket_size": 20}, axes=["bf16", "offload_param"])
     config = family_rule.config_of(example, 2)

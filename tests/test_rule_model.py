@@ -1,4 +1,4 @@
-"""The rule model (``fixtures/rules.py``) on hand-made traces: each rule, broken and kept, in milliseconds.
+"""The rule model (``fixtures/rule/rules.py``) on hand-made traces: each rule, broken and kept, in milliseconds.
 
 Every test names the DeepSpeed passage its rule comes from: the ZeRO config docs
 (deepspeed.readthedocs.io "ZeRO" / "stage3_*" keys), deepspeed 0.19.8's
@@ -6,8 +6,8 @@ Every test names the DeepSpeed passage its rule comes from: the ZeRO config docs
 seeds (DeepSpeed PRs 9003, 8883, 8148, 8431).
 """
 
-from pytest_zero3.fixtures import rules as r
-from pytest_zero3.fixtures.rules import BWD_POST, BWD_PRE, END, FWD_POST, FWD_PRE, GRADS_IN, Event
+from pytest_zero3.fixtures.rule import rules as r
+from pytest_zero3.fixtures.rule.rules import BWD_POST, BWD_PRE, END, FWD_POST, FWD_PRE, GRADS_IN, Event
 
 N = 10  # numel of every param in these traces
 NUMEL = {"w0": N, "w1": N, "w2": N}
@@ -366,7 +366,7 @@ def test_default_examples_are_reproducible():
     """The rule family's default examples are the same on every run: CI must not flake on a new draw."""
     import json
 
-    from pytest_zero3.fixtures import rule_batch
+    from pytest_zero3.fixtures.rule import rule_batch
 
     assert json.dumps(rule_batch.draw_examples(4, None)) == json.dumps(rule_batch.draw_examples(4, None))
     assert json.dumps(rule_batch.draw_examples(4, 7)) == json.dumps(rule_batch.draw_examples(4, 7))

@@ -1,4 +1,4 @@
-"""The rule family's ZeRO config space (``fixtures/zero_keys.py``): keys read from the implementation's
+"""The rule family's ZeRO config space (``fixtures/rule/zero_keys.py``): keys read from the implementation's
 source, each drawn from its domain or declared with a reason, and the known-bad forks only a drawn key
 exposes.
 
@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 from forks import copy_installed_deepspeed, edit
-from pytest_zero3.fixtures import rule_batch, zero_keys
+from pytest_zero3.fixtures.rule import rule_batch, zero_keys
 
 from conftest import ROOT
 from pytest_zero3 import impl
@@ -100,7 +100,7 @@ def test_the_draw_spans_each_domain_and_is_legal_where_it_runs():
     drawn = _drawn()
     extra = {k for s in drawn for k in s["zero"] if k not in rule_batch.CORE}
     assert extra == set(zero_keys.table(_installed(), gpu=False).keys()) - set(rule_batch.CORE), extra
-    from pytest_zero3.fixtures import family_rule
+    from pytest_zero3.fixtures.rule import family_rule
 
     for s in drawn:
         zero = family_rule.config_of(s, s["ranks"])["zero_optimization"]
