@@ -133,8 +133,14 @@ def anchor(release, cid):
     return f"ds-{release}-{cid}".replace(".", "-")
 
 
+#: A path up to an installed package's directory: the machine's, not the project's (venvs, caches, home).
+MACHINE_PATH = re.compile(r"(?:/[^\s\"'()/]+)+/(site-packages|dist-packages)/")
+
+
 def clip(text, limit=1500):
-    text = (text or "").strip()
+    """``text`` for the page: machine paths cut to the installed package's (``.../site-packages/``), at
+    most ``limit`` characters."""
+    text = MACHINE_PATH.sub(r".../\1/", (text or "").strip())
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
