@@ -218,3 +218,14 @@ def test_a_release_with_no_report_here_keeps_its_column_and_messages(render, tmp
     render.main(["0.19.2", "0.19.8", "--reports", str(reports), *page_args(page, details)])
     row = next(line for line in page.read_text().splitlines() if line.startswith("| `002-a`"))
     assert "[FAIL](../release-matrix.md#ds-0-19-8-002-a)" in row and row.endswith("| same in every release |")
+
+
+def test_messages_carry_no_machine_paths(render):
+    """Why: the manual speaks of the project only; a traceback's venv or cache path is the machine's."""
+    text = (
+        "ImportError: cannot import name 'x' (/home/ci/.cache/pytest-zero3/ds-wheels/venvs/deepspeed-0.14.5/lib/"
+        'python3.11/site-packages/deepspeed/utils/__init__.py)\n  File "/usr/lib/python3/dist-packages/torch/a.py"'
+    )
+    shown = render.clip(text)
+    assert "/home/" not in shown and "/usr/" not in shown and "venvs" not in shown, shown
+    assert ".../site-packages/deepspeed/utils/__init__.py" in shown and ".../dist-packages/torch/a.py" in shown
