@@ -135,12 +135,23 @@ def anchor(release, cid):
 
 #: A path up to an installed package's directory: the machine's, not the project's (venvs, caches, home).
 MACHINE_PATH = re.compile(r"(?:/[^\s\"'()/]+)+/(site-packages|dist-packages)/")
+#: pytest's temporary directory of one run, and any other path under a home directory.
+PYTEST_TMP = re.compile(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/")
+HOME_PATH = re.compile(r"/(?:root|home/[^/\s]+)/[^\s\"')]*")
 
 
-def clip(text, limit=1500):
+def unmachined(text: str) -> str:
+    """``text`` with machine paths cut: to the installed package's (``.../site-packages/``), pytest's
+    temporary directory as ``$TMP``, anything else under a home directory to ``...``."""
+    text = MACHINE_PATH.sub(r".../\1/", text)
+    text = PYTEST_TMP.sub("$TMP/", text)
+    return HOME_PATH.sub(".../", text)
+
+
+def clip(text, limit=4000):
     """``text`` for the page: machine paths cut to the installed package's (``.../site-packages/``), at
     most ``limit`` characters."""
-    text = MACHINE_PATH.sub(r".../\1/", (text or "").strip())
+    text = unmachined((text or "").strip())
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
@@ -336,7 +347,8 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.details)), exist_ok=True)
     kept = [v for v in releases if columns[v].get("kept")]
     with open(args.details, "w") as fh:
-        fh.write("\n".join(details(releases, reports, statuses, {v: kept_sections[v] for v in kept})) + "\n")
+        text = "\n".join(details(releases, reports, statuses, {v: kept_sections[v] for v in kept})) + "\n"
+        fh.write(unmachined(text))  # kept sections too: they may predate the cut
     print(
         f"matrix of {len(releases)} releases written to {args.page} and {args.details}"
         + (f" ({', '.join(kept)} kept from the pages: no report here)" if kept else "")
