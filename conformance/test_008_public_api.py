@@ -82,3 +82,27 @@ def test_size_keys_at_the_model_boundaries(zero3_world, variant):
     param's numel, one less, one more, the model's total, above it), params smaller than the world
     size and of odd numel, and a 0-dim param (its own test: one failure does not hide the other)."""
     verdicts.assert_clean(zero3_world.run(f8.edge_sizes, variant), f"edge sizes ({variant})")
+
+
+@pytest.mark.zero3_contract("008-g")
+@pytest.mark.parametrize("variant", tuple(f8.LOOP_FORMS))
+def test_loop_forms_train_like_the_twin(zero3_world, variant):
+    """Training loops call more than ``engine.backward(loss); engine.step()``: ``loss.backward()`` and
+    ``engine.scale(loss).backward()`` directly, ``backward(scale_wrt_gas=False)`` on a loss scaled by
+    hand, ``retain_graph`` for a second backward through one forward, the boundary set by hand
+    (``set_gradient_accumulation_boundary``), a window's reductions coalesced, the boundary owned by
+    ``step()`` (``managed_gradient_accumulation: false``), DDP's ``no_sync`` (stage 3 may refuse it at
+    the call), ``zero_grad()`` after each step.  Each form trains like the twin that takes the same
+    windows (one test each: one form's failure hides no other)."""
+    verdicts.assert_clean(zero3_world.run(f8.loop_form, variant), f"the {variant} form of the training loop")
+
+
+@pytest.mark.zero3_contract("008-h")
+@pytest.mark.parametrize("variant", tuple(f8.CONFIG_KEYS))
+def test_config_keys_train_like_the_twin(zero3_world, variant):
+    """The config keys beside ``zero_optimization`` that change how stage 3 scales, reduces or rounds the
+    gradients or casts the forward (``communication_data_type``, ``prescale_gradients``,
+    ``gradient_predivide_factor``, ``gradient_allreduce_op``, ``torch_autocast`` and its safe modules,
+    ``data_types``): each trains like the twin built from the same config, within the rounding of the
+    dtypes it names; ``gradient_allreduce_op: sum`` may be refused at initialize, naming the key."""
+    verdicts.assert_clean(zero3_world.run(f8.config_key, variant), f"the config key {variant}")

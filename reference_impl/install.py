@@ -276,6 +276,86 @@ def _zero_init_param_with_scalars(original):
     return init_param
 
 
+def _coalesce_one_step(original):
+    """``coalesce_grad_reduction``'s exit restored the boundary flag saved at its entry (None: the
+    engine's own count), so the ``step()`` after the block stepped only where the count put a boundary:
+    under ``gradient_accumulation_steps`` k, every k-th block (008-g, DeepSpeed bug 16).  One block is
+    one optimizer step, as its docstring says: the flag stays True through the next ``step()``, which
+    then restores it (:func:`_step_restoring_boundary`)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def coalesce(self):
+        with original(self):
+            yield
+        self._pz3_boundary_after_step = self._is_gradient_accumulation_boundary
+        self._is_gradient_accumulation_boundary = True
+
+    return functools.wraps(original)(coalesce)
+
+
+_NOTHING = object()
+
+
+def _step_restoring_boundary(original):
+    """``step()``, then the boundary flag a coalesced block set for it put back (:func:`_coalesce_one_step`)."""
+
+    @functools.wraps(original)
+    def step(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            saved = self.__dict__.pop("_pz3_boundary_after_step", _NOTHING)
+            if saved is not _NOTHING:
+                self._is_gradient_accumulation_boundary = saved
+
+    return step
+
+
+def _backward_refusing_retained(original):
+    """A second backward through one forward (``retain_graph=True``) crashed in it under stage 3, its
+    params released by the first (``The size of tensor a (0) must match ...``; DeepSpeed issue 7352, open
+    upstream): refused at the call instead, before anything ran, naming the issue.  A direct
+    ``loss.backward(retain_graph=True)`` does not pass through here."""
+
+    @functools.wraps(original)
+    def backward(self, loss, retain_graph=False, *args, **kwargs):
+        if retain_graph and self.zero_optimization_partition_weights():
+            raise NotImplementedError(
+                "engine.backward(retain_graph=True) under ZeRO stage 3: a second backward through the same "
+                "forward needs its params gathered again, which stage 3 does not do (DeepSpeed issue 7352); "
+                "run the forward again instead"
+            )
+        return original(self, loss, retain_graph, *args, **kwargs)
+
+    return backward
+
+
+def _contiguous_grads_predivided(original):
+    """Without reduce-scatter, stage 3 divides each bucket by ``gradient_predivide_factor`` and by the
+    world size, all-reduces it, and multiplies by the factor again, but only where the factor is not the
+    world size (a condition copied from the engine's all-reduce, whose post-multiply is factor/world and
+    so 1 there): with the factor equal to the world size every gradient came out divided by it once
+    more (008-h, DeepSpeed bug 17).  The partitions the original returns are multiplied by the factor
+    where it skipped it."""
+    import deepspeed.comm as dist
+
+    @functools.wraps(original)
+    def avg_scatter(self, buffer_to_reduce, communication_data_type):
+        factor = self.gradient_predivide_factor
+        if not self.postscale_gradients or factor == 1.0:
+            return original(self, buffer_to_reduce, communication_data_type)
+        bucket = self.ipg_buckets[communication_data_type]
+        world = self._gradient_averaging_world_size(bucket.params, dist.get_world_size(bucket.process_group))
+        partitions = original(self, buffer_to_reduce, communication_data_type)
+        if factor == world:
+            for partition in partitions:
+                partition.mul_(factor)
+        return partitions
+
+    return avg_scatter
+
+
 def _keep_live_entries(original, installed) -> None:
     """Uninstalling the weak stack: the original list takes the modules still on it."""
     original[:] = list(installed)
@@ -461,6 +541,36 @@ PATCHES = (
         "the same for zero.Init's broadcast of each new param (every model under zero.Init, and every model "
         "deepspeed.initialize partitions): a 0-dim param is broadcast as a 1-element view (008-f, DeepSpeed "
         "bug 15)",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "coalesce_grad_reduction",
+        _wrapper(_coalesce_one_step),
+        "under gradient accumulation the step() after a coalesced block stepped only every k-th block (the "
+        "block's exit restored the boundary flag saved at its entry); one block is one step (008-g, DeepSpeed "
+        "bug 16)",
+        since="0.19.2",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "step",
+        _wrapper(_step_restoring_boundary),
+        "puts back the boundary flag a coalesced block set for this step (008-g)",
+        since="0.19.2",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "backward",
+        _wrapper(_backward_refusing_retained),
+        "backward(retain_graph=True) under stage 3 crashed in the second backward (DeepSpeed issue 7352); "
+        "refused at the call, naming the issue (008-g)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_contiguous_grads",
+        _wrapper(_contiguous_grads_predivided),
+        "without reduce-scatter, a gradient_predivide_factor equal to the world size divided every gradient "
+        "by it once more (the multiply back was skipped there); the partitions get it (008-h, DeepSpeed bug 17)",
     ),
 )
 

@@ -147,3 +147,56 @@ def test_padding_read_fails_under_poison(run_suite, tmp_path_factory):
     fork = ForkCache(tmp_path_factory, {"padding-read": PADDING_READ})("padding-read")
     run = run_suite(fork, "005-d", "--zero3-poison")
     assert run.outcomes().get("005-d") == "fail", run.stdout[-4000:]
+
+
+def test_stock_coalesce_fails_the_loop_forms(run_suite):
+    """Why (the loop-form axis, the cheap half): stock 0.19.8 steps only every second coalesced block under
+    accumulation 2 (DeepSpeed bug 16), and 008-g's coalesce form fails from the window after the first
+    skipped step, while its other forms but retain_graph (issue 7352) pass."""
+    run = run_suite("installed", "008-g")
+    failed = _failed(run)
+    assert failed == {
+        "test_loop_forms_train_like_the_twin[coalesce]",
+        "test_loop_forms_train_like_the_twin[retain_graph]",
+    }, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    assert "coalesce window 1 (1 micro-batches), micro-batch 0: loss" in run.stdout, run.stdout[-4000:]
+
+
+#: The loop-form axis's known-bad: ``backward(scale_wrt_gas=False)`` divides by the accumulation anyway.
+IGNORE_SCALE_WRT_GAS = (
+    "runtime/engine.py",
+    "            loss = loss / self.gradient_accumulation_steps() if scale_wrt_gas else loss\n",
+    "            loss = loss / self.gradient_accumulation_steps()\n",
+)
+
+
+@pytest.mark.proof
+def test_ignored_scale_wrt_gas_fails_only_its_loop_form(run_pytest, tmp_path_factory):
+    """Why: every other contract drives ``engine.backward(loss)`` with its defaults, so a fork that ignores
+    ``scale_wrt_gas`` passes them all; the whole suite with 0.19.8's expectations fails 008-g's
+    scale_wrt_gas form alone, naming the gradients half the twin's."""
+    from forks import ForkCache
+
+    from conftest import ROOT
+
+    fork = ForkCache(tmp_path_factory, {"ignore-scale-wrt-gas": IGNORE_SCALE_WRT_GAS})("ignore-scale-wrt-gas")
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
+    failed = _failed(run)
+    assert failed == {"test_loop_forms_train_like_the_twin[scale_wrt_gas]"}, (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
+    assert "scale_wrt_gas window 0 (2 micro-batches), before its step: gradient of" in run.stdout, run.stdout[-4000:]
+
+
+def test_stock_predivide_fails_the_config_keys(run_suite):
+    """Why (the config-key axis, every run): stock 0.19.8 divides every gradient by the world size once
+    more when gradient_predivide_factor equals it without reduce-scatter (DeepSpeed bug 17): 008-h fails
+    that variant alone, naming gradients half the twin's; its other keys pass or are refused at
+    initialize as documented."""
+    run = run_suite("installed", "008-h")
+    failed = _failed(run)
+    assert failed == {"test_config_keys_train_like_the_twin[gradient_predivide_factor-no_reduce_scatter]"}, (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
+    assert "(rel 0.5)" in run.stdout, run.stdout[-4000:]
