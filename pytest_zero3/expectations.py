@@ -9,6 +9,10 @@ TOML, comments allowed::
     "002-g" = "reason only: any failure of 002-g counts as this one"
     "007-b" = { reason = "hpZ only (DeepSpeed issue 4901)", match = "already initialized", profiles = ["hpz"] }
     "008-a" = { reason = "offloaded reads", match = "safe_get_local_grad", variants = ["offload"] }
+    "008-g" = [
+        { reason = "issue 7352", match = "retain_graph window 0", variants = ["retain_graph"] },
+        { reason = "bug 16", match = "coalesce window 1", variants = ["coalesce"] },
+    ]
 
 A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression,
 searched in the failure's text as ``pytest.raises(match=...)`` does) and ``raises`` (an exception
@@ -18,7 +22,9 @@ cause and expects any failure; prefer the table form, or a second, different bug
 goes unseen.  ``profiles`` (config profile names, ``--zero3-profile``) lists the contract's tests under
 those profiles only: a failure that only a profile's axis reaches is no expectation under the others,
 where the contract passes.  ``variants`` does the same for a contract test parametrised by
-``variant``: a known failure of one variant leaves the others judged.  A listed contract that passes is an "unexpected pass" (a failure under
+``variant``: a known failure of one variant leaves the others judged.  A contract whose variants fail
+for different causes lists an array of such tables, each naming its variants (none in two): each
+variant is held to its own cause, so one variant's known bug hides nothing in another.  A listed contract that passes is an "unexpected pass" (a failure under
 ``--zero3-strict``, pytest's strict xfail); an ID that matches no collected contract is a warning.
 """
 
@@ -37,7 +43,7 @@ from pytest_zero3.outcome import first_failure
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
     '(or raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] to list those tests only), '
-    'or "000-a" = "reason" to expect any failure'
+    'an array of such tables each with its variants, or "000-a" = "reason" to expect any failure'
 )
 
 
@@ -55,12 +61,27 @@ class Expectation:
     profiles: tuple[str, ...] = ()
     #: The variants (a contract test's ``variant`` parameter) it lists (empty: every variant's).
     variants: tuple[str, ...] = ()
+    #: The array form: one entry per set of variants, each with its own cause (this entry's own
+    #: reason/match/raises are then only their summary).
+    per_variant: tuple[Expectation, ...] = ()
 
     def covers(self, profile: str, variant: str | None = None) -> bool:
         """Whether it lists the contract's test under config profile ``profile`` and of ``variant``."""
-        return (not self.profiles or profile in self.profiles) and (
+        return self.listing(profile, variant) is not None
+
+    def listing(self, profile: str, variant: str | None = None) -> Expectation | None:
+        """The entry that lists the contract's test under ``profile`` and of ``variant`` (this one, or in
+        the array form the one naming ``variant``), else None."""
+        if self.per_variant:
+            return next((e for e in self.per_variant if e.covers(profile, variant)), None)
+        listed = (not self.profiles or profile in self.profiles) and (
             not self.variants or variant is None or variant in self.variants
         )
+        return self if listed else None
+
+    def entries(self) -> tuple[Expectation, ...]:
+        """Each entry with a cause of its own: the array form's, else this one."""
+        return self.per_variant or (self,)
 
     @property
     def from_file(self) -> bool:
@@ -109,7 +130,31 @@ def load(path) -> dict:
     table = data.get("expected_failures")
     if not isinstance(table, dict):
         raise pytest.UsageError(f"--zero3-expect={path}: needs an [expected_failures] table: {FORMS}.")
-    return {cid: _entry(path, cid, value) for cid, value in table.items()}
+    return {cid: _listed(path, cid, value) for cid, value in table.items()}
+
+
+def _listed(path, cid: str, value) -> Expectation:
+    """One ID's listing: a string, a table, or an array of tables that each name their variants."""
+    if not isinstance(value, list):
+        return _entry(path, cid, value)
+    entries = [_entry(path, cid, v) for v in value]
+    seen: set = set()
+    for e in entries:
+        if not e.variants:
+            raise pytest.UsageError(
+                f"--zero3-expect={path}: {cid!r} is an array of tables: give each its variants = [...]."
+            )
+        again = seen & set(e.variants)
+        if again:
+            raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} lists variant {sorted(again)[0]!r} twice.")
+        seen |= set(e.variants)
+    if not entries:
+        raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} is an empty array: {FORMS}.")
+    return Expectation(
+        "; ".join(f"{', '.join(e.variants)}: {e.reason}" for e in entries),
+        variants=tuple(v for e in entries for v in e.variants),
+        per_variant=tuple(entries),
+    )
 
 
 def _entry(path, cid: str, value) -> Expectation:

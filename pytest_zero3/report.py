@@ -179,11 +179,11 @@ class Report:
                 if self._listed(item, c[0]) is not None:
                     tests.setdefault(c[0], []).append(item)
         for cid, group in tests.items():
-            expected = self.expected[cid]
-            strict = self.strict and expected.from_file
+            strict = self.strict and self.expected[cid].from_file
             if len(group) > 1 and strict:
                 self._pending[cid] = {"left": len(group), "passed": 0, "total": len(group)}
             for item in group:
+                expected = self._listed(item, cid)
                 item.add_marker(
                     pytest.mark.xfail(
                         reason=f"known failure {cid}: {expected.reason}",
@@ -217,8 +217,7 @@ class Report:
     def _listed(self, item, cid: str):
         """The Expectation listing contract ``cid``'s test ``item`` (its profile's), else None."""
         expected = self.expected.get(cid)
-        covered = expected is not None and expected.covers(markers.profile(item), markers.variant(item))
-        return expected if covered else None
+        return None if expected is None else expected.listing(markers.profile(item), markers.variant(item))
 
     def on_report(self, item, call, rep) -> None:
         """Read a contract test's outcome, as pytest made it, into the small ``zero3`` dict of its report."""

@@ -172,6 +172,32 @@ def test_an_entry_with_profiles_lists_those_profiles_tests_only(run_pytest, tmp_
     assert run.returncode == 1 and run.outcomes() == {"900-a": "fail"}, run.stdout
 
 
+def test_an_array_entry_holds_each_variant_to_its_own_cause(run_pytest, tmp_path):
+    """Why (issue 39, no shadowing): two variants of one contract failing for two bugs are each pinned to
+    their own; a variant that fails with the other's cause is a new failure, not a known one."""
+    expect = tmp_path / "expect.toml"
+    case = str(ROOT / "tests" / "data" / "variant_case.py")
+    first = '{ reason = "bug one", match = "the first bug", variants = ["a"] }'
+    second = '{ reason = "bug two", match = "the second bug", variants = ["b"] }'
+    expect.write_text(f'[expected_failures]\n"900-a" = [{first}, {second}]\n')
+    run = run_pytest(case, f"--zero3-expect={expect}", "-rxX")
+    assert run.returncode == 0 and run.outcomes() == {"900-a": "known_failure"}, run.stdout
+    assert "XFAIL tests/data/variant_case.py::test_per_variant[b] - known failure 900-a: bug two" in run.stdout
+    crossed = second.replace("the second bug", "the first bug")  # b's real cause is then unlisted
+    expect.write_text(f'[expected_failures]\n"900-a" = [{first}, {crossed}]\n')
+    run = run_pytest(case, f"--zero3-expect={expect}")
+    assert run.returncode == 1 and run.outcomes() == {"900-a": "fail"}, run.stdout
+    for body, error in (
+        (f'[{first}, {{ reason = "r", match = "x" }}]', "give each its variants"),
+        (f"[{first}, {first}]", "lists variant 'a' twice"),
+    ):
+        expect.write_text(f'[expected_failures]\n"900-a" = {body}\n')
+        with pytest.raises(pytest.UsageError, match=error):
+            from pytest_zero3 import expectations
+
+            expectations.load(expect)
+
+
 def test_shipped_expectations_pin_a_cause_for_every_measured_failure():
     """Every entry of every release's file pins its cause, and the cause matches the failure message
     docs/release-matrix.md records for that release (000-f of 0.19.2 never ran here: no libaio)."""
@@ -186,9 +212,12 @@ def test_shipped_expectations_pin_a_cause_for_every_measured_failure():
     for path in sorted((ROOT / "conformance" / "expectations").glob("deepspeed-*.toml")):
         release = path.stem.split("-", 1)[1]
         for cid, exp in expectations.load(path).items():
-            assert exp.cause, f"{path.name}: {cid} pins no cause"
-            if (release, cid) in messages and exp.match:
-                assert re.search(exp.match, messages[release, cid]), f"{path.name}: {cid}'s match misses its message"
+            assert all(e.cause for e in exp.entries()), f"{path.name}: {cid} pins no cause"
+            pins = [e.match for e in exp.entries() if e.match]
+            if (release, cid) in messages and pins:  # the page keeps one message: one variant's cause in it
+                assert any(re.search(m, messages[release, cid]) for m in pins), (
+                    f"{path.name}: {cid}'s match misses its message"
+                )
 
 
 def test_select_runs_only_matching_contracts(run_pytest):
