@@ -9,6 +9,9 @@ DeepSpeed 0.19.8 breaks it in three places that contract family 008 judges again
   only at the accumulation boundary, but every read and write goes to the host copy: between the
   micro-batches of a step, ``safe_get_full_grad``/``safe_get_local_grad`` return the last boundary's
   gradient and a write is lost;
+* ``safe_update_full_grad_vectorized`` cuts each rank's slice of the updated gradient the same way, in
+  the middle of its all-gathers: the last rank raises on an odd-sized param and skips the gathers of
+  the params after it, which the other ranks wait in (gloo aborts; NCCL hangs);
 * with the optimizer offloaded, the step clips by per-param norms taken at the reduction:
   ``safe_set_local_grad`` refreshes the written param's, ``safe_set_full_grad`` does not, so the step
   clips by the norm of gradients that are no longer there.
@@ -66,3 +69,17 @@ def set_full_hp_param(self, value, param, optim_state_key=None):
     state.data.copy_(part.to(device=state.device, dtype=state.dtype))
     if self._swappable_optimizer_subgroup(group_idx):
         self._optimizer_states_and_gradient_swap_out(group_idx)
+
+
+def update_fp32_grad_for_param_vectorized(self, update_func, param_list):
+    """``safe_update_full_grad_vectorized``: per param, the full fp32 gradient gathered, updated, and this
+    rank's padded slice written back (and, offloaded, its clipping norm refreshed), on every rank alike."""
+    for param in [p for p in param_list if p.requires_grad]:
+        grad, group_idx = self._get_fp32_grad_state_partition(param=param, release_swap_buffers=False)
+        full = self._fp32_state_allgather(param, grad)
+        part = _slice(update_func(full, param), grad.numel(), self._get_param_partition_rank(param))
+        if self.offload_optimizer:
+            self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(part.float())
+        grad.data.copy_(part.to(device=grad.device, dtype=grad.dtype))
+        if self._swappable_optimizer_subgroup(group_idx):
+            self._writeback_swap_state(group_idx, write_opt_state=False, write_gradients=True)

@@ -510,6 +510,13 @@ PATCHES = (
         "size does not divide by the world size (008-b)",
     ),
     Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "update_fp32_grad_for_param_vectorized",
+        _replacement(fragments.update_fp32_grad_for_param_vectorized),
+        "safe_update_full_grad_vectorized raised on the last rank of an odd-sized param in the middle of its "
+        "all-gathers, which the other ranks then waited in (008-b, DeepSpeed bug 10's cut at another site)",
+    ),
+    Patch(
         Init,
         "_convert_to_deepspeed_param",
         _wrapper(copies.convert_refusing_deepcopy),
