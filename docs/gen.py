@@ -225,10 +225,17 @@ def _expectations() -> dict:
     for path in (ROOT / "conformance" / "expectations").glob("deepspeed-*.toml"):
         with open(path, "rb") as fh:
             table = tomllib.load(fh).get("expected_failures", {})
-        found[path.stem.removeprefix("deepspeed-")] = {
-            cid: e if isinstance(e, dict) else {"reason": e} for cid, e in table.items()
-        }
+        found[path.stem.removeprefix("deepspeed-")] = {cid: _entry(e) for cid, e in table.items()}
     return dict(sorted(found.items(), key=lambda kv: Version(kv[0])))
+
+
+def _entry(e) -> dict:
+    """One ID's listing as a table; the array form (a cause per set of variants) keeps its tables under
+    ``"entries"`` and reads, as a whole, as each variant's reason in turn."""
+    if isinstance(e, list):
+        reason = "; ".join(f"{', '.join(x.get('variants', []))}: {x.get('reason', '')}" for x in e)
+        return {"reason": reason, "entries": e}
+    return e if isinstance(e, dict) else {"reason": e}
 
 
 def _listed(entry: dict) -> str:
@@ -256,11 +263,14 @@ def expectations_page() -> str:
     for v in releases:
         out += [f"### deepspeed {v}", "", f"`conformance/expectations/deepspeed-{v}.toml`:", ""]
         out += ["| contract | reason | cause pinned |", "|---|---|---|"]
-        for cid, e in files[v].items():
-            pinned = "; ".join(f"{k} {_code(e[k])}" for k in ("raises", "match") if e.get(k)) or "any failure"
-            if e.get("profiles"):
-                pinned += f"; under {', '.join(e['profiles'])} only"
-            out.append(f"| {cid} | {_cell(e.get('reason', ''))} | {pinned} |")
+        for cid, whole in files[v].items():
+            for e in whole.get("entries") or [whole]:
+                pinned = "; ".join(f"{k} {_code(e[k])}" for k in ("raises", "match") if e.get(k)) or "any failure"
+                if e.get("profiles"):
+                    pinned += f"; under {', '.join(e['profiles'])} only"
+                if e.get("variants"):
+                    pinned += f"; variants {', '.join(e['variants'])} only"
+                out.append(f"| {cid} | {_cell(e.get('reason', ''))} | {pinned} |")
         out.append("")
     return "\n".join(out)
 

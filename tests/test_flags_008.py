@@ -226,3 +226,34 @@ def test_frozen_kept_in_16bit_export_fails_only_the_checkpoint_options(run_pytes
     failed = _failed(run)
     assert failed == {"test_checkpoint_options_round_trip[16bit]"}, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     assert "has norm.weight, which it should leave out" in run.stdout, run.stdout[-4000:]
+
+
+#: The zero.Init/GatheredParameters axis's known-bad: ``GatheredParameters(enabled=False)`` gathers anyway.
+GATHERED_ENABLED_IGNORED = (
+    "runtime/zero/partition_parameters.py",
+    "        self.enabled = enabled\n"
+    "        self._param_versions = None\n"
+    "        self._fallback_owners = {}\n"
+    "        if not enabled:\n"
+    "            return\n",
+    "        self.enabled = True\n        self._param_versions = None\n        self._fallback_owners = {}\n",
+)
+
+
+@pytest.mark.proof
+def test_gathered_enabled_ignored_fails_only_its_option(run_pytest, tmp_path_factory):
+    """Why: no other contract opens ``GatheredParameters(enabled=False)`` (HF's code does, with
+    ``enabled=is_deepspeed_zero3_enabled()``); a fork that gathers anyway passes them all, and the whole
+    suite with 0.19.8's expectations fails 008-j's ``gathered-enabled=False`` variant alone."""
+    from forks import ForkCache
+
+    from conftest import ROOT
+
+    fork = ForkCache(tmp_path_factory, {"gathered-enabled": GATHERED_ENABLED_IGNORED})("gathered-enabled")
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
+    failed = _failed(run)
+    assert failed == {"test_init_and_gather_options_train_like_the_twin[gathered-enabled=False]"}, (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
+    assert "GatheredParameters(enabled=False) gathered params inside it" in run.stdout, run.stdout[-4000:]
