@@ -141,3 +141,13 @@ def test_init_and_gather_options_train_like_the_twin(zero3_world, variant):
     module registered with ``register_external_parameter``, and ``GatheredParameters(enabled=False)``:
     each model partitions as the option says and trains like the twin built plainly."""
     verdicts.assert_clean(zero3_world.run(f8.init_option, variant), f"zero.Init / GatheredParameters ({variant})")
+
+
+@pytest.mark.zero3_contract("008-k")
+@pytest.mark.parametrize("variant", f8.LEAF_VARIANTS)
+def test_leaf_helpers_train_like_the_twin(zero3_world, variant):
+    """MoE and custom-kernel code flags modules ZeRO-3 gathers whole: by name, by name suffix, by class
+    and unflagged again, or by a class the model lacks (raising unless told not to).  The helpers report
+    exactly the flags set (``get_z3_leaf_modules``, ``z3_leaf_parameter``) and the model trains like
+    the twin."""
+    verdicts.assert_clean(zero3_world.run(f8.leaf_helpers, variant), f"z3 leaf helpers ({variant})")

@@ -258,3 +258,32 @@ def test_gathered_enabled_ignored_fails_only_its_option(run_pytest, tmp_path_fac
         f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     )
     assert "GatheredParameters(enabled=False) gathered params inside it" in run.stdout, run.stdout[-4000:]
+
+
+#: The z3-leaf-helper axis's known-bad: ``set_z3_leaf_modules_by_name(..., flag=False)`` flags anyway.
+BY_NAME_IGNORES_FLAG = (
+    "utils/z3_leaf_module.py",
+    "        module._z3_leaf = flag\n        leaf_modules.append(module)\n\n    if missing and raise_if_not_found:\n"
+    "        raise ValueError(f'No modules named {missing}",
+    "        module._z3_leaf = True\n        leaf_modules.append(module)\n\n    if missing and raise_if_not_found:\n"
+    "        raise ValueError(f'No modules named {missing}",
+)
+
+
+@pytest.mark.proof
+def test_by_name_ignoring_flag_fails_only_the_leaf_helpers(run_pytest, tmp_path_factory):
+    """Why: no other contract unflags a leaf by name; a fork whose by-name setter always flags passes them
+    all (the leaf changes when params are gathered, never the numbers), and the whole suite with 0.19.8's
+    expectations fails 008-k's ``by_name`` variant alone, naming the module left flagged."""
+    from forks import ForkCache
+
+    from conftest import ROOT
+
+    fork = ForkCache(tmp_path_factory, {"by-name-flag": BY_NAME_IGNORES_FLAG})("by-name-flag")
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
+    failed = _failed(run)
+    assert failed == {"test_leaf_helpers_train_like_the_twin[by_name]"}, (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
+    assert "by_name: get_z3_leaf_modules gives" in run.stdout, run.stdout[-4000:]
