@@ -66,6 +66,7 @@ class Zero3Session:
         self._env_set: list[str] = []  # environment variables start() set (not the user's)
         self._started = False
         self._baseline_dir: tempfile.TemporaryDirectory | None = None  # the baseline's report, for xdist workers
+        self._markers_unreadable = False  # a marker was a usage error: nothing reads them again
 
     # -- life cycle ------------------------------------------------------------------------------
     def activate(self) -> options.Settings:
@@ -186,7 +187,11 @@ class Zero3Session:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
-        markers.check(items)
+        try:
+            markers.check(items)
+        except pytest.UsageError:
+            self._markers_unreadable = True  # pytest still ends the collection (pytest_collection_finish)
+            raise
         if self.report is None and any(_uses_zero3(item) for item in items):
             self.activate()
         if self.report is None:
@@ -196,6 +201,8 @@ class Zero3Session:
         markers.collect_preloads(config, items)
 
     def pytest_collection_finish(self, session):
+        if self._markers_unreadable:  # the usage error says why; reading them again here would turn
+            return  # it into an INTERNALERROR
         if self.report is not None:  # the tests that will run: after -k and --zero3-select deselected
             self.report.mark_expected(session.items)
 

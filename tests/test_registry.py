@@ -66,6 +66,17 @@ def test_bad_contract_markers_are_usage_errors_naming_the_test(pytester, marker,
     assert message in result.stderr.str()
 
 
+def test_an_unregistered_contract_is_a_usage_error_under_zero3_options(pytester):
+    """Why: a contract's author runs the new test with ``--zero3-impl``; the end of collection read the
+    bad marker again and turned the usage error into an INTERNALERROR."""
+    pytester.makepyfile(test_m='import pytest\n\n@pytest.mark.zero3_contract("999-z")\ndef test_c():\n    pass\n')
+    # an active plugin owns its process's exit: a subprocess
+    result = pytester.runpytest_subprocess("test_m.py", "-p", "no:hypothesispytest", "--zero3-impl=installed")
+    assert result.ret == USAGE, result.outlines
+    assert "'999-z' is not in conformance/contracts.toml" in result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def test_keyword_markers_and_not_run_rows(pytester):
     """Why: `zero3_contract(id=..., statement=...)` is the natural spelling for one's own contract,
     and a registered contract that was selected but never ran must not vanish from the report."""
