@@ -294,9 +294,6 @@ def _coalesce_one_step(original):
     return functools.wraps(original)(coalesce)
 
 
-_NOTHING = object()
-
-
 def _step_restoring_boundary(original):
     """``step()``, then the boundary flag a coalesced block set for it put back (:func:`_coalesce_one_step`)."""
 
@@ -305,8 +302,8 @@ def _step_restoring_boundary(original):
         try:
             return original(self, *args, **kwargs)
         finally:
-            saved = self.__dict__.pop("_pz3_boundary_after_step", _NOTHING)
-            if saved is not _NOTHING:
+            saved = self.__dict__.pop("_pz3_boundary_after_step", _ABSENT)  # None is a flag value
+            if saved is not _ABSENT:
                 self._is_gradient_accumulation_boundary = saved
 
     return step
@@ -331,29 +328,44 @@ def _backward_refusing_retained(original):
     return backward
 
 
-def _contiguous_grads_predivided(original):
-    """Without reduce-scatter, stage 3 divides each bucket by ``gradient_predivide_factor`` and by the
-    world size, all-reduces it, and multiplies by the factor again, but only where the factor is not the
-    world size (a condition copied from the engine's all-reduce, whose post-multiply is factor/world and
-    so 1 there): with the factor equal to the world size every gradient came out divided by it once
-    more (008-h, DeepSpeed bug 17).  The partitions the original returns are multiplied by the factor
-    where it skipped it."""
+def _predivided(world_of):
+    """Stage 3 divides each gradient bucket by ``gradient_predivide_factor``, reduces it (averaging over
+    the world), and multiplies by the factor again, but only where the factor is not the world size (a
+    condition copied from the engine's all-reduce, whose post-multiply is factor/world and so 1 there):
+    with the factor equal to the world size every gradient came out divided by it once more (008-h,
+    DeepSpeed bug 17), on both of its reduction paths (contiguous gradients or not).  The partitions the
+    original returns are multiplied by the factor where it skipped it.  ``world_of(self, first argument,
+    dtype)``: the world size the original compares the factor with."""
+
+    def wrap(original):
+        @functools.wraps(original)
+        def avg_scatter(self, to_reduce, communication_data_type):
+            factor = self.gradient_predivide_factor
+            if not self.postscale_gradients or factor == 1.0:
+                return original(self, to_reduce, communication_data_type)
+            world = world_of(self, to_reduce, communication_data_type)
+            partitions = original(self, to_reduce, communication_data_type)
+            if factor == world:
+                for partition in partitions:
+                    partition.mul_(factor)
+            return partitions
+
+        return avg_scatter
+
+    return wrap
+
+
+def _bucket_world(self, buffer, communication_data_type) -> int:
     import deepspeed.comm as dist
 
-    @functools.wraps(original)
-    def avg_scatter(self, buffer_to_reduce, communication_data_type):
-        factor = self.gradient_predivide_factor
-        if not self.postscale_gradients or factor == 1.0:
-            return original(self, buffer_to_reduce, communication_data_type)
-        bucket = self.ipg_buckets[communication_data_type]
-        world = self._gradient_averaging_world_size(bucket.params, dist.get_world_size(bucket.process_group))
-        partitions = original(self, buffer_to_reduce, communication_data_type)
-        if factor == world:
-            for partition in partitions:
-                partition.mul_(factor)
-        return partitions
+    bucket = self.ipg_buckets[communication_data_type]
+    return self._gradient_averaging_world_size(bucket.params, dist.get_world_size(bucket.process_group))
 
-    return avg_scatter
+
+def _params_world(self, params, communication_data_type) -> int:
+    import deepspeed.comm as dist
+
+    return dist.get_world_size(self._get_param_partition_group(params[0]))
 
 
 def _keep_live_entries(original, installed) -> None:
@@ -575,9 +587,16 @@ PATCHES = (
     Patch(
         DeepSpeedZeroOptimizer_Stage3,
         "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_contiguous_grads",
-        _wrapper(_contiguous_grads_predivided),
+        _wrapper(_predivided(_bucket_world)),
         "without reduce-scatter, a gradient_predivide_factor equal to the world size divided every gradient "
         "by it once more (the multiply back was skipped there); the partitions get it (008-h, DeepSpeed bug 17)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads",
+        _wrapper(_predivided(_params_world)),
+        "the same skipped multiply on the reduction path without contiguous gradients (008-h under a drawn "
+        "config with contiguous_gradients off, DeepSpeed bug 17)",
     ),
 )
 

@@ -74,6 +74,18 @@ def _failed(run) -> set:
     return set(re.findall(r"^FAILED \S+::(\S+)", run.stdout, re.M))
 
 
+def _whole_suite_on_fork(run_pytest, tmp_path_factory, name: str, edit: tuple):
+    """The whole suite, with 0.19.8's expectations, on a copy of 0.19.8 with ``edit``: its failed tests."""
+    from forks import ForkCache
+
+    from conftest import ROOT
+
+    fork = ForkCache(tmp_path_factory, {name: edit})(name)
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
+    return run, _failed(run)
+
+
 def test_stock_fails_the_writes_for_the_padding(run_suite):
     """Why: a contract is proven only by an implementation that breaks it (the cheap half, every run):
     stock 0.19.8 is the fork with all three bugs, and its device writes fail 008-b naming the raise of
@@ -176,14 +188,7 @@ def test_ignored_scale_wrt_gas_fails_only_its_loop_form(run_pytest, tmp_path_fac
     """Why: every other contract drives ``engine.backward(loss)`` with its defaults, so a fork that ignores
     ``scale_wrt_gas`` passes them all; the whole suite with 0.19.8's expectations fails 008-g's
     scale_wrt_gas form alone, naming the gradients half the twin's."""
-    from forks import ForkCache
-
-    from conftest import ROOT
-
-    fork = ForkCache(tmp_path_factory, {"ignore-scale-wrt-gas": IGNORE_SCALE_WRT_GAS})("ignore-scale-wrt-gas")
-    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
-    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
-    failed = _failed(run)
+    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "ignore-scale-wrt-gas", IGNORE_SCALE_WRT_GAS)
     assert failed == {"test_loop_forms_train_like_the_twin[scale_wrt_gas]"}, (
         f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     )
@@ -217,14 +222,7 @@ def test_frozen_kept_in_16bit_export_fails_only_the_checkpoint_options(run_pytes
     """Why: no other contract saves a 16-bit model without its frozen params, so a fork whose stage-3
     export ignores ``exclude_frozen_parameters`` passes them all; the whole suite with 0.19.8's
     expectations fails 008-i's 16bit variant alone, naming the frozen params the file should leave out."""
-    from forks import ForkCache
-
-    from conftest import ROOT
-
-    fork = ForkCache(tmp_path_factory, {"keep-frozen": KEEP_FROZEN_IN_16BIT})("keep-frozen")
-    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
-    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
-    failed = _failed(run)
+    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "keep-frozen", KEEP_FROZEN_IN_16BIT)
     assert failed == {"test_checkpoint_options_round_trip[16bit]"}, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     assert "has norm.weight, which it should leave out" in run.stdout, run.stdout[-4000:]
 
@@ -246,14 +244,7 @@ def test_gathered_enabled_ignored_fails_only_its_option(run_pytest, tmp_path_fac
     """Why: no other contract opens ``GatheredParameters(enabled=False)`` (HF's code does, with
     ``enabled=is_deepspeed_zero3_enabled()``); a fork that gathers anyway passes them all, and the whole
     suite with 0.19.8's expectations fails 008-j's ``gathered-enabled=False`` variant alone."""
-    from forks import ForkCache
-
-    from conftest import ROOT
-
-    fork = ForkCache(tmp_path_factory, {"gathered-enabled": GATHERED_ENABLED_IGNORED})("gathered-enabled")
-    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
-    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
-    failed = _failed(run)
+    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "gathered-enabled", GATHERED_ENABLED_IGNORED)
     assert failed == {"test_init_and_gather_options_train_like_the_twin[gathered-enabled=False]"}, (
         f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     )
@@ -275,14 +266,7 @@ def test_by_name_ignoring_flag_fails_only_the_leaf_helpers(run_pytest, tmp_path_
     """Why: no other contract unflags a leaf by name; a fork whose by-name setter always flags passes them
     all (the leaf changes when params are gathered, never the numbers), and the whole suite with 0.19.8's
     expectations fails 008-k's ``by_name`` variant alone, naming the module left flagged."""
-    from forks import ForkCache
-
-    from conftest import ROOT
-
-    fork = ForkCache(tmp_path_factory, {"by-name-flag": BY_NAME_IGNORES_FLAG})("by-name-flag")
-    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
-    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
-    failed = _failed(run)
+    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "by-name-flag", BY_NAME_IGNORES_FLAG)
     assert failed == {"test_leaf_helpers_train_like_the_twin[by_name]"}, (
         f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     )
