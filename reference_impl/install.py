@@ -368,6 +368,49 @@ def _params_world(self, params, communication_data_type) -> int:
     return dist.get_world_size(self._get_param_partition_group(params[0]))
 
 
+def _init_casting_module(original):
+    """``zero.Init(module=model, config_dict_or_path=config)`` partitions an already built model "as if
+    it was constructed in the context", where every float tensor is made in the config's dtype; stock
+    partitioned the params in the dtype they were built in, and the engine skips its own cast for a
+    model whose params are already ZeRO params, so under bf16 the model's weights stayed fp32 and a bf16
+    forward raised (008-j, DeepSpeed bug 18).  Marks the call so that :func:`_convert_casting` casts;
+    only where the dtype comes from the config (the engine's own ``Init(module=..., dtype=...)`` of a
+    model it has cast already is left alone)."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs).arguments
+        self._pz3_cast_module = (
+            bound.get("module") is not None
+            and bound.get("dtype") is None
+            and bound.get("enabled", True)
+            and (bound.get("config_dict_or_path") is not None or bound.get("config") is not None)
+        )
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            self.__dict__.pop("_pz3_cast_module", None)
+
+    return init
+
+
+def _convert_casting(original):
+    """Under a call :func:`_init_casting_module` marked, the module's float params not yet partitioned
+    are cast to Init's dtype (the config's) before they are partitioned."""
+
+    @functools.wraps(original)
+    def convert(self, param_list):
+        params = list(param_list)
+        if self.__dict__.get("_pz3_cast_module"):
+            for p in params:
+                if not hasattr(p, "ds_id") and p.is_floating_point() and p.dtype != self.dtype:
+                    p.data = p.data.to(self.dtype)
+        return original(self, params)
+
+    return convert
+
+
 def _keep_live_entries(original, installed) -> None:
     """Uninstalling the weak stack: the original list takes the modules still on it."""
     original[:] = list(installed)
@@ -560,6 +603,21 @@ PATCHES = (
         "the same for zero.Init's broadcast of each new param (every model under zero.Init, and every model "
         "deepspeed.initialize partitions): a 0-dim param is broadcast as a 1-element view (008-f, DeepSpeed "
         "bug 15)",
+    ),
+    Patch(
+        Init,
+        "__init__",
+        _wrapper(_init_casting_module),
+        "zero.Init(module=model) under a bf16 config partitioned the model's params in the dtype they were "
+        "built in, and the engine skips its cast for ZeRO params: the weights stayed fp32 and a bf16 forward "
+        "raised; they are cast to the config's dtype, as a model built in the context is (008-j, DeepSpeed "
+        "bug 18)",
+    ),
+    Patch(
+        Init,
+        "_convert_to_zero_parameters",
+        _wrapper(_convert_casting),
+        "casts the params of the module handed to zero.Init(module=...) (the row above marks the call)",
     ),
     Patch(
         DeepSpeedEngine,
