@@ -227,6 +227,26 @@ def test_frozen_kept_in_16bit_export_fails_only_the_checkpoint_options(run_pytes
     assert "has norm.weight, which it should leave out" in run.stdout, run.stdout[-4000:]
 
 
+#: The scheduler's load option's known-bad: ``load_checkpoint`` restores the saved schedule whatever
+#: ``load_lr_scheduler_states`` says (a fine-tune that asked for a fresh warm-up resumes the old one).
+SCHEDULER_ALWAYS_LOADED = (
+    "runtime/engine.py",
+    "            if load_lr_scheduler_states and self.lr_scheduler is not None:\n",
+    "            if self.lr_scheduler is not None:\n",
+)
+
+
+@pytest.mark.proof
+def test_scheduler_always_loaded_fails_only_its_load_option(run_pytest, tmp_path_factory):
+    """Why: family 004 resumes with the saved schedule (the default), so a fork that ignores
+    ``load_lr_scheduler_states=False`` passes it; the whole suite with 0.19.8's expectations fails 008-i's
+    variant of that option alone, naming the learning rates against the twin's fresh schedule."""
+    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "scheduler-loaded", SCHEDULER_ALWAYS_LOADED)
+    want = {"test_checkpoint_options_round_trip[load_lr_scheduler_states=False]"}
+    assert failed == want, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    assert "the learning rates are" in run.stdout, run.stdout[-4000:]
+
+
 #: The zero.Init/GatheredParameters axis's known-bad: ``GatheredParameters(enabled=False)`` gathers anyway.
 GATHERED_ENABLED_IGNORED = (
     "runtime/zero/partition_parameters.py",
