@@ -151,3 +151,14 @@ def test_leaf_helpers_train_like_the_twin(zero3_world, variant):
     exactly the flags set (``get_z3_leaf_modules``, ``z3_leaf_parameter``) and the model trains like
     the twin."""
     verdicts.assert_clean(zero3_world.run(f8.leaf_helpers, variant), f"z3 leaf helpers ({variant})")
+
+
+@pytest.mark.zero3_contract("008-l")
+@pytest.mark.parametrize("variant", f8.CLIENT_VARIANTS)
+def test_user_optimizer_and_scheduler_train_like_the_twin(zero3_world, variant):
+    """HF's Trainer hands ``deepspeed.initialize`` its own optimizer and scheduler when the config names
+    none: an optimizer instance or callable, torch's LambdaLR or a scheduler callable, and under
+    ``offload_optimizer`` the key that lets a torch optimizer step the host partitions
+    (``zero_force_ds_cpu_optimizer: false``; true refuses at initialize, naming it).  Each trains like
+    the twin built with the same factories."""
+    verdicts.assert_clean(zero3_world.run(f8.client_objects, variant), f"the user's optimizer and scheduler ({variant})")
