@@ -134,7 +134,7 @@ def test_checkpoint_options_round_trip(zero3_world, tmp_path, variant):
 
 
 @pytest.mark.zero3_contract("008-j")
-@pytest.mark.parametrize("variant", f8.INIT_VARIANTS + f8.GATHER_VARIANTS)
+@pytest.mark.parametrize("variant", f8.INIT_VARIANTS + f8.GATHER_VARIANTS + f8.TILED_VARIANTS)
 def test_init_and_gather_options_train_like_the_twin(zero3_world, variant):
     """``zero.Init``'s options (an already built ``module``, ``enabled=False``, ``remote_device`` with
     ``pin_memory``, a ``data_parallel_group``, ``mem_efficient_linear=False``), a weight used outside its
