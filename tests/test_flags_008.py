@@ -247,6 +247,27 @@ def test_scheduler_always_loaded_fails_only_its_load_option(run_pytest, tmp_path
     assert "the learning rates are" in run.stdout, run.stdout[-4000:]
 
 
+#: The user-optimizer axis's known-bad: ``zero_force_ds_cpu_optimizer`` never checked, so a torch optimizer
+#: steps the offloaded partitions whatever the key says (the key's one promise broken in silence).
+FORCE_CPU_OPTIMIZER_IGNORED = (
+    "runtime/engine.py",
+    "                if self.zero_force_ds_cpu_optimizer():\n",
+    "                if False:\n",
+)
+
+
+@pytest.mark.proof
+def test_force_cpu_optimizer_ignored_fails_only_its_refusal(run_pytest, tmp_path_factory):
+    """Why: no other contract hands a torch optimizer to an engine that offloads the optimizer with the key
+    at its default; the whole suite with 0.19.8's expectations fails 008-l's ``offload-forced`` variant
+    alone, naming the key."""
+    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "force-cpu-ignored", FORCE_CPU_OPTIMIZER_IGNORED)
+    assert failed == {"test_user_optimizer_and_scheduler_train_like_the_twin[offload-forced]"}, (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
+    assert "zero_force_ds_cpu_optimizer true" in run.stdout, run.stdout[-4000:]
+
+
 #: The zero.Init/GatheredParameters axis's known-bad: ``GatheredParameters(enabled=False)`` gathers anyway.
 GATHERED_ENABLED_IGNORED = (
     "runtime/zero/partition_parameters.py",
