@@ -161,4 +161,6 @@ def test_user_optimizer_and_scheduler_train_like_the_twin(zero3_world, variant):
     ``offload_optimizer`` the key that lets a torch optimizer step the host partitions
     (``zero_force_ds_cpu_optimizer: false``; true refuses at initialize, naming it).  Each trains like
     the twin built with the same factories."""
-    verdicts.assert_clean(zero3_world.run(f8.client_objects, variant), f"the user's optimizer and scheduler ({variant})")
+    verdicts.assert_clean(
+        zero3_world.run(f8.client_objects, variant), f"the user's optimizer and scheduler ({variant})"
+    )
