@@ -74,18 +74,6 @@ def _failed(run) -> set:
     return set(re.findall(r"^FAILED \S+::(\S+)", run.stdout, re.M))
 
 
-def _whole_suite_on_fork(run_pytest, tmp_path_factory, name: str, edit: tuple):
-    """The whole suite, with 0.19.8's expectations, on a copy of 0.19.8 with ``edit``: its failed tests."""
-    from forks import ForkCache
-
-    from conftest import ROOT
-
-    fork = ForkCache(tmp_path_factory, {name: edit})(name)
-    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
-    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
-    return run, _failed(run)
-
-
 def test_stock_fails_the_writes_for_the_padding(run_suite):
     """Why: a contract is proven only by an implementation that breaks it (the cheap half, every run):
     stock 0.19.8 is the fork with all three bugs, and its device writes fail 008-b naming the raise of
@@ -183,18 +171,6 @@ IGNORE_SCALE_WRT_GAS = (
 )
 
 
-@pytest.mark.proof
-def test_ignored_scale_wrt_gas_fails_only_its_loop_form(run_pytest, tmp_path_factory):
-    """Why: every other contract drives ``engine.backward(loss)`` with its defaults, so a fork that ignores
-    ``scale_wrt_gas`` passes them all; the whole suite with 0.19.8's expectations fails 008-g's
-    scale_wrt_gas form alone, naming the gradients half the twin's."""
-    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "ignore-scale-wrt-gas", IGNORE_SCALE_WRT_GAS)
-    assert failed == {"test_loop_forms_train_like_the_twin[scale_wrt_gas]"}, (
-        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    )
-    assert "scale_wrt_gas window 0 (2 micro-batches), before its step: gradient of" in run.stdout, run.stdout[-4000:]
-
-
 def test_stock_predivide_fails_the_config_keys(run_suite):
     """Why (the config-key axis, every run): stock 0.19.8 divides every gradient by the world size once
     more when gradient_predivide_factor equals it without reduce-scatter (DeepSpeed bug 17): 008-h fails
@@ -217,16 +193,6 @@ KEEP_FROZEN_IN_16BIT = (
 )
 
 
-@pytest.mark.proof
-def test_frozen_kept_in_16bit_export_fails_only_the_checkpoint_options(run_pytest, tmp_path_factory):
-    """Why: no other contract saves a 16-bit model without its frozen params, so a fork whose stage-3
-    export ignores ``exclude_frozen_parameters`` passes them all; the whole suite with 0.19.8's
-    expectations fails 008-i's 16bit variant alone, naming the frozen params the file should leave out."""
-    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "keep-frozen", KEEP_FROZEN_IN_16BIT)
-    assert failed == {"test_checkpoint_options_round_trip[16bit]"}, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    assert "has norm.weight, which it should leave out" in run.stdout, run.stdout[-4000:]
-
-
 #: The scheduler's load option's known-bad: ``load_checkpoint`` restores the saved schedule whatever
 #: ``load_lr_scheduler_states`` says (a fine-tune that asked for a fresh warm-up resumes the old one).
 SCHEDULER_ALWAYS_LOADED = (
@@ -236,17 +202,6 @@ SCHEDULER_ALWAYS_LOADED = (
 )
 
 
-@pytest.mark.proof
-def test_scheduler_always_loaded_fails_only_its_load_option(run_pytest, tmp_path_factory):
-    """Why: family 004 resumes with the saved schedule (the default), so a fork that ignores
-    ``load_lr_scheduler_states=False`` passes it; the whole suite with 0.19.8's expectations fails 008-i's
-    variant of that option alone, naming the learning rates against the twin's fresh schedule."""
-    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "scheduler-loaded", SCHEDULER_ALWAYS_LOADED)
-    want = {"test_checkpoint_options_round_trip[load_lr_scheduler_states=False]"}
-    assert failed == want, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    assert "the learning rates are" in run.stdout, run.stdout[-4000:]
-
-
 #: The user-optimizer axis's known-bad: ``zero_force_ds_cpu_optimizer`` never checked, so a torch optimizer
 #: steps the offloaded partitions whatever the key says (the key's one promise broken in silence).
 FORCE_CPU_OPTIMIZER_IGNORED = (
@@ -254,18 +209,6 @@ FORCE_CPU_OPTIMIZER_IGNORED = (
     "                if self.zero_force_ds_cpu_optimizer():\n",
     "                if False:\n",
 )
-
-
-@pytest.mark.proof
-def test_force_cpu_optimizer_ignored_fails_only_its_refusal(run_pytest, tmp_path_factory):
-    """Why: no other contract hands a torch optimizer to an engine that offloads the optimizer with the key
-    at its default; the whole suite with 0.19.8's expectations fails 008-l's ``offload-forced`` variant
-    alone, naming the key."""
-    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "force-cpu-ignored", FORCE_CPU_OPTIMIZER_IGNORED)
-    assert failed == {"test_user_optimizer_and_scheduler_train_like_the_twin[offload-forced]"}, (
-        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    )
-    assert "zero_force_ds_cpu_optimizer true" in run.stdout, run.stdout[-4000:]
 
 
 #: The zero.Init/GatheredParameters axis's known-bad: ``GatheredParameters(enabled=False)`` gathers anyway.
@@ -280,18 +223,6 @@ GATHERED_ENABLED_IGNORED = (
 )
 
 
-@pytest.mark.proof
-def test_gathered_enabled_ignored_fails_only_its_option(run_pytest, tmp_path_factory):
-    """Why: no other contract opens ``GatheredParameters(enabled=False)`` (HF's code does, with
-    ``enabled=is_deepspeed_zero3_enabled()``); a fork that gathers anyway passes them all, and the whole
-    suite with 0.19.8's expectations fails 008-j's ``gathered-enabled=False`` variant alone."""
-    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "gathered-enabled", GATHERED_ENABLED_IGNORED)
-    assert failed == {"test_init_and_gather_options_train_like_the_twin[gathered-enabled=False]"}, (
-        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    )
-    assert "GatheredParameters(enabled=False) gathered params inside it" in run.stdout, run.stdout[-4000:]
-
-
 #: The z3-leaf-helper axis's known-bad: ``set_z3_leaf_modules_by_name(..., flag=False)`` flags anyway.
 BY_NAME_IGNORES_FLAG = (
     "utils/z3_leaf_module.py",
@@ -302,13 +233,62 @@ BY_NAME_IGNORES_FLAG = (
 )
 
 
+#: One-line forks of 0.19.8, each the known-bad of an axis no other contract drives: over the whole suite
+#: with 0.19.8's expectations its one test fails, with a line naming the bug.  name -> (the edit, that
+#: test, a phrase of its message).  Why no other contract sees each:
+WHOLE_SUITE_FORKS = {
+    # every other contract calls engine.backward(loss) with its defaults
+    "ignore-scale-wrt-gas": (
+        IGNORE_SCALE_WRT_GAS,
+        "test_loop_forms_train_like_the_twin[scale_wrt_gas]",
+        "scale_wrt_gas window 0 (2 micro-batches), before its step: gradient of",
+    ),
+    # no other contract saves a 16-bit model without its frozen params
+    "keep-frozen": (
+        KEEP_FROZEN_IN_16BIT,
+        "test_checkpoint_options_round_trip[16bit]",
+        "has norm.weight, which it should leave out",
+    ),
+    # family 004 resumes with the saved schedule (the default)
+    "scheduler-loaded": (
+        SCHEDULER_ALWAYS_LOADED,
+        "test_checkpoint_options_round_trip[load_lr_scheduler_states=False]",
+        "the learning rates are",
+    ),
+    # no other contract hands a torch optimizer to an engine that offloads the optimizer, the key at its default
+    "force-cpu-ignored": (
+        FORCE_CPU_OPTIMIZER_IGNORED,
+        "test_user_optimizer_and_scheduler_train_like_the_twin[offload-forced]",
+        "zero_force_ds_cpu_optimizer true",
+    ),
+    # no other contract opens GatheredParameters(enabled=False) (HF's code does: enabled=is_deepspeed_zero3_enabled())
+    "gathered-enabled": (
+        GATHERED_ENABLED_IGNORED,
+        "test_init_and_gather_options_train_like_the_twin[gathered-enabled=False]",
+        "GatheredParameters(enabled=False) gathered params inside it",
+    ),
+    # no other contract unflags a leaf by name (a leaf changes when params are gathered, never the numbers)
+    "by-name-flag": (
+        BY_NAME_IGNORES_FLAG,
+        "test_leaf_helpers_train_like_the_twin[by_name]",
+        "by_name: get_z3_leaf_modules gives",
+    ),
+}
+
+
 @pytest.mark.proof
-def test_by_name_ignoring_flag_fails_only_the_leaf_helpers(run_pytest, tmp_path_factory):
-    """Why: no other contract unflags a leaf by name; a fork whose by-name setter always flags passes them
-    all (the leaf changes when params are gathered, never the numbers), and the whole suite with 0.19.8's
-    expectations fails 008-k's ``by_name`` variant alone, naming the module left flagged."""
-    run, failed = _whole_suite_on_fork(run_pytest, tmp_path_factory, "by-name-flag", BY_NAME_IGNORES_FLAG)
-    assert failed == {"test_leaf_helpers_train_like_the_twin[by_name]"}, (
-        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    )
-    assert "by_name: get_z3_leaf_modules gives" in run.stdout, run.stdout[-4000:]
+@pytest.mark.parametrize("name", WHOLE_SUITE_FORKS)
+def test_one_line_fork_fails_only_its_own_test(run_pytest, tmp_path_factory, name):
+    """Why: a contract is proven only by an implementation that breaks it and that every other contract
+    lets through; each fork of :data:`WHOLE_SUITE_FORKS` fails exactly its test over the whole suite."""
+    from forks import ForkCache
+
+    from conftest import ROOT
+
+    edit, test, says = WHOLE_SUITE_FORKS[name]
+    fork = ForkCache(tmp_path_factory, {name: edit})(name)
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
+    failed = _failed(run)
+    assert failed == {test}, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    assert says in run.stdout, run.stdout[-4000:]
