@@ -134,10 +134,13 @@ def test_checkpoint_options_round_trip(zero3_world, tmp_path, variant):
 
 
 @pytest.mark.zero3_contract("008-j")
-@pytest.mark.parametrize("variant", f8.INIT_VARIANTS + f8.GATHER_VARIANTS + f8.TILED_VARIANTS)
+@pytest.mark.parametrize(
+    "variant", f8.INIT_VARIANTS + tuple(f8.OVERRIDE_VARIANTS) + f8.GATHER_VARIANTS + f8.TILED_VARIANTS
+)
 def test_init_and_gather_options_train_like_the_twin(zero3_world, variant):
     """``zero.Init``'s options (an already built ``module``, ``enabled=False``, ``remote_device`` with
-    ``pin_memory``, a ``data_parallel_group``, ``mem_efficient_linear=False``), a weight used outside its
+    ``pin_memory``, a ``data_parallel_group``, ``mem_efficient_linear=False``, ``tensor_overrides``: the
+    dtype of the tensors its constructors make), a weight used outside its
     module registered with ``register_external_parameter``, and ``GatheredParameters(enabled=False)``:
     each model partitions as the option says and trains like the twin built plainly."""
     verdicts.assert_clean(zero3_world.run(f8.init_option, variant), f"zero.Init / GatheredParameters ({variant})")

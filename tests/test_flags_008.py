@@ -233,9 +233,61 @@ BY_NAME_IGNORES_FLAG = (
 )
 
 
+#: The bf16-masters axis's known-bad: ``bf16_master_weights_and_grads`` read and then ignored, so the
+#: optimizer keeps fp32 masters (twice the memory the key exists to save; the numbers stay right).
+BF16_MASTERS_IGNORED = (
+    "runtime/base_optimizer.py",
+    "        elif self.bf16_master_weights_and_gradients:\n            return torch.bfloat16\n",
+    "        elif self.bf16_master_weights_and_gradients:\n            return torch.float32\n",
+)
+
+
+def test_ignored_bf16_masters_fail_the_config_keys(run_suite, tmp_path_factory):
+    """Why (the bf16-masters axis, the cheap half): the fork trains like the twin within bf16's tolerance,
+    so only the dtypes the optimizer holds show it.  The variant without the optimizer offload (a fork
+    would build DeepSpeedCPUAdam anew: a minute); the offloaded one is the proof run's."""
+    from forks import ForkCache
+
+    fork = ForkCache(tmp_path_factory, {"bf16-masters": BF16_MASTERS_IGNORED})("bf16-masters")
+    run = run_suite(fork, "008-h", "-k", "bf16_optimizer_states")
+    assert _failed(run) == {"test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]"}, run.stdout[-4000:]
+    assert "masters torch.float32, moments torch.float32" in run.stdout, run.stdout[-4000:]
+
+
+#: The tensor-overrides axis's known-bad: ``zero.Init`` overrides the dtype of what its constructors make
+#: whatever ``tensor_overrides`` lists (a RoPE table the user kept fp32 rounded to bf16).
+OVERRIDES_IGNORED = (
+    "runtime/zero/partition_parameters.py",
+    "        if DeepSpeedTensorOverride.dtype in self.tensor_overrides:\n",
+    "        if True:\n",
+)
+
+
+def test_ignored_tensor_overrides_fail_the_init_options(run_suite, tmp_path_factory):
+    """Why (the tensor-overrides axis, the cheap half): the fork makes the device-only variant's params
+    and buffers bf16; the default overrides and an empty list (no wrappers at all) pass."""
+    from forks import ForkCache
+
+    fork = ForkCache(tmp_path_factory, {"overrides": OVERRIDES_IGNORED})("overrides")
+    run = run_suite(fork, "008-j", "-k", "tensor_overrides")
+    assert _failed(run) == {"test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]"}, run.stdout[
+        -4000:
+    ]
+    assert "zero.Init(tensor_overrides=[device]): buffers made in the context are" in run.stdout, run.stdout[-4000:]
+
+
+#: The init_linear axis's known-bad: ``TiledLinear.copy_params_from`` writes each tile inside a gather
+#: without ``modifier_rank``, so ZeRO-3 drops the write when the tile is partitioned again.
+INIT_LINEAR_DROPPED = (
+    "runtime/zero/tiling.py",
+    "                with deepspeed.zero.GatheredParameters(local.weight, modifier_rank=0):\n",
+    "                with deepspeed.zero.GatheredParameters(local.weight):\n",
+)
+
+
 #: One-line forks of 0.19.8, each the known-bad of an axis no other contract drives: over the whole suite
-#: with 0.19.8's expectations its one test fails, with a line naming the bug.  name -> (the edit, that
-#: test, a phrase of its message).  Why no other contract sees each:
+#: with 0.19.8's expectations its tests fail, with a line naming the bug.  name -> (the edit, its test or
+#: tests, a phrase of the message).  Why no other contract sees each:
 WHOLE_SUITE_FORKS = {
     # every other contract calls engine.backward(loss) with its defaults
     "ignore-scale-wrt-gas": (
@@ -267,6 +319,27 @@ WHOLE_SUITE_FORKS = {
         "test_init_and_gather_options_train_like_the_twin[gathered-enabled=False]",
         "GatheredParameters(enabled=False) gathered params inside it",
     ),
+    # no other contract sets a bf16 master key (the numbers stay within bf16's tolerance without it)
+    "bf16-masters": (
+        BF16_MASTERS_IGNORED,
+        (
+            "test_config_keys_train_like_the_twin[bf16.bf16_master_weights_and_grads]",
+            "test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]",
+        ),
+        "masters torch.float32, moments torch.float32",
+    ),
+    # no other contract gives zero.Init tensor_overrides (the default overrides the dtype anyway)
+    "overrides-ignored": (
+        OVERRIDES_IGNORED,
+        "test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]",
+        "zero.Init(tensor_overrides=[device]): buffers made in the context are",
+    ),
+    # no other contract tiles a Linear from another (008-j's other tiled variants start from their own init)
+    "init-linear-dropped": (
+        INIT_LINEAR_DROPPED,
+        "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]",
+        "do not hold the Linear's values",
+    ),
     # no other contract unflags a leaf by name (a leaf changes when params are gathered, never the numbers)
     "by-name-flag": (
         BY_NAME_IGNORES_FLAG,
@@ -285,10 +358,12 @@ def test_one_line_fork_fails_only_its_own_test(run_pytest, tmp_path_factory, nam
 
     from conftest import ROOT
 
-    edit, test, says = WHOLE_SUITE_FORKS[name]
+    edit, tests, says = WHOLE_SUITE_FORKS[name]
     fork = ForkCache(tmp_path_factory, {name: edit})(name)
     expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
     run = run_pytest(str(ROOT / "conformance"), f"--zero3-impl={fork}", f"--zero3-expect={expect}")
     failed = _failed(run)
-    assert failed == {test}, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    assert failed == ({tests} if isinstance(tests, str) else set(tests)), (
+        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
+    )
     assert says in run.stdout, run.stdout[-4000:]
