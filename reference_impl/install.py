@@ -395,6 +395,35 @@ def _init_casting_module(original):
     return init
 
 
+def _init_adopting_param_group(original):
+    """``zero.Init(zero_param_parallel_group=G)``: stock gathers each param's secondary partition over
+    ``G`` but sizes it (and picks this rank's slice) by DeepSpeed's own hpZ group, which none of its code
+    has made before the first engine, so it read the whole world: at the first forward the all-gather
+    over ``G`` got shards of the wrong size (008-j, DeepSpeed bug 19).  ``G`` becomes DeepSpeed's hpZ
+    group where there is none yet (the engine then finds it rather than making another); one of another
+    size already made is an error that names both."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        given = signature.bind(self, *args, **kwargs).arguments.get("zero_param_parallel_group")
+        if given is not None:
+            import deepspeed.comm as dist
+
+            made = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP
+            if made is None:
+                groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = given
+            elif dist.get_world_size(group=made) != dist.get_world_size(group=given):
+                raise ValueError(
+                    f"zero.Init(zero_param_parallel_group=...) got a group of {dist.get_world_size(group=given)} "
+                    f"ranks, but DeepSpeed's hpZ group of this process has {dist.get_world_size(group=made)} "
+                    "(zero_hpz_partition_size): give a group of that size, or none"
+                )
+        return original(self, *args, **kwargs)
+
+    return init
+
+
 def _convert_casting(original):
     """Under a call :func:`_init_casting_module` marked, the module's float params not yet partitioned
     are cast to Init's dtype (the config's) before they are partitioned."""
@@ -607,11 +636,13 @@ PATCHES = (
     Patch(
         Init,
         "__init__",
-        _wrapper(_init_casting_module),
+        _wrapper(lambda init: _init_adopting_param_group(_init_casting_module(init))),
         "zero.Init(module=model) under a bf16 config partitioned the model's params in the dtype they were "
         "built in, and the engine skips its cast for ZeRO params: the weights stayed fp32 and a bf16 forward "
         "raised; they are cast to the config's dtype, as a model built in the context is (008-j, DeepSpeed "
-        "bug 18)",
+        "bug 18).  zero.Init(zero_param_parallel_group=G) sized hpZ's secondary partitions by DeepSpeed's "
+        "own group (none yet: the whole world) and gathered them over G, so the first forward raised; G "
+        "becomes that group (008-j, DeepSpeed bug 19)",
     ),
     Patch(
         Init,
