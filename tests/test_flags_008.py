@@ -242,18 +242,6 @@ BF16_MASTERS_IGNORED = (
 )
 
 
-def test_ignored_bf16_masters_fail_the_config_keys(run_suite, tmp_path_factory):
-    """Why (the bf16-masters axis, the cheap half): the fork trains like the twin within bf16's tolerance,
-    so only the dtypes the optimizer holds show it.  The variant without the optimizer offload (a fork
-    would build DeepSpeedCPUAdam anew: a minute); the offloaded one is the proof run's."""
-    from forks import ForkCache
-
-    fork = ForkCache(tmp_path_factory, {"bf16-masters": BF16_MASTERS_IGNORED})("bf16-masters")
-    run = run_suite(fork, "008-h", "-k", "bf16_optimizer_states")
-    assert _failed(run) == {"test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]"}, run.stdout[-4000:]
-    assert "masters torch.float32, moments torch.float32" in run.stdout, run.stdout[-4000:]
-
-
 #: The tensor-overrides axis's known-bad: ``zero.Init`` overrides the dtype of what its constructors make
 #: whatever ``tensor_overrides`` lists (a RoPE table the user kept fp32 rounded to bf16).
 OVERRIDES_IGNORED = (
@@ -263,19 +251,6 @@ OVERRIDES_IGNORED = (
 )
 
 
-def test_ignored_tensor_overrides_fail_the_init_options(run_suite, tmp_path_factory):
-    """Why (the tensor-overrides axis, the cheap half): the fork makes the device-only variant's params
-    and buffers bf16; the default overrides and an empty list (no wrappers at all) pass."""
-    from forks import ForkCache
-
-    fork = ForkCache(tmp_path_factory, {"overrides": OVERRIDES_IGNORED})("overrides")
-    run = run_suite(fork, "008-j", "-k", "tensor_overrides")
-    assert _failed(run) == {"test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]"}, run.stdout[
-        -4000:
-    ]
-    assert "zero.Init(tensor_overrides=[device]): buffers made in the context are" in run.stdout, run.stdout[-4000:]
-
-
 #: The init_linear axis's known-bad: ``TiledLinear.copy_params_from`` writes each tile inside a gather
 #: without ``modifier_rank``, so ZeRO-3 drops the write when the tile is partitioned again.
 INIT_LINEAR_DROPPED = (
@@ -283,6 +258,42 @@ INIT_LINEAR_DROPPED = (
     "                with deepspeed.zero.GatheredParameters(local.weight, modifier_rank=0):\n",
     "                with deepspeed.zero.GatheredParameters(local.weight):\n",
 )
+
+
+#: The compile_kwargs axis's known-bad: ``engine.compile`` drops its ``compile_kwargs`` (a fork's
+#: refactor that passes the backend alone: the user's mode, dynamic and options silently lost).
+COMPILE_KWARGS_DROPPED = (
+    "runtime/engine.py",
+    "            self.module.compile(**{**compile_kwargs, 'backend': backend})\n",
+    "            self.module.compile(backend=backend)\n",
+)
+
+
+#: The cheap half of the newest axes' proofs: one fork with the four edits (each reaches only its own
+#: variant), one run of those variants: test -> a phrase of its message.
+NEW_AXES = [BF16_MASTERS_IGNORED, OVERRIDES_IGNORED, INIT_LINEAR_DROPPED, COMPILE_KWARGS_DROPPED]
+NEW_AXES_FAIL = {
+    "test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]": "masters torch.float32, moments torch.float32",
+    "test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]": "buffers made in the context are",
+    "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]": "do not hold the Linear's values",
+    "test_loop_forms_train_like_the_twin[compile_kwargs]": "still compiled:",
+}
+
+
+def test_each_new_axis_flags_its_fork(run_suite, tmp_path_factory):
+    """Why (bf16 masters, tensor_overrides, init_linear, compile_kwargs: the cheap half): each edit fails
+    its variant, naming what it broke, and nothing else of the variants run.  The bf16-masters variant
+    without the optimizer offload (a fork builds DeepSpeedCPUAdam anew: a minute); the whole suite per
+    fork is the proof run's (:data:`WHOLE_SUITE_FORKS`)."""
+    from forks import ForkCache
+
+    fork = ForkCache(tmp_path_factory, {"new-axes": NEW_AXES})("new-axes")
+    run = run_suite(
+        fork, "008-g,008-h,008-j", "-k", "bf16_optimizer_states or tensor_overrides or Tiled or compile_kwargs"
+    )
+    assert _failed(run) == set(NEW_AXES_FAIL), run.stdout[-4000:]
+    for test, says in NEW_AXES_FAIL.items():
+        assert says in run.stdout, f"{test}: {says!r} not in\n{run.stdout[-4000:]}"
 
 
 #: One-line forks of 0.19.8, each the known-bad of an axis no other contract drives: over the whole suite
@@ -339,6 +350,12 @@ WHOLE_SUITE_FORKS = {
         INIT_LINEAR_DROPPED,
         "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]",
         "do not hold the Linear's values",
+    ),
+    # the compile profile compiles with the backend alone
+    "compile-kwargs-dropped": (
+        COMPILE_KWARGS_DROPPED,
+        "test_loop_forms_train_like_the_twin[compile_kwargs]",
+        "still compiled:",
     ),
     # no other contract unflags a leaf by name (a leaf changes when params are gathered, never the numbers)
     "by-name-flag": (
