@@ -424,6 +424,37 @@ def _init_adopting_param_group(original):
     return init
 
 
+def _save_with_latest_per_node(original):
+    """Under ``checkpoint.use_node_local_storage`` every node writes its own copy of the checkpoint, but
+    stock wrote the ``latest`` file on global rank 0 only: on every other node a resume without a tag
+    (HF's Trainer's) found no ``latest``, warned, and skipped the load, so those ranks trained on from
+    their initial weights beside ranks that loaded (008-i, DeepSpeed bug 20).  Each node's local rank 0
+    writes it too (the synchronous checkpoint engine's commit; a decoupled one commits later)."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def save(self, *args, **kwargs):
+        done = original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        writes_here = self.use_node_local_storage() and self.local_rank == 0 and self.global_rank != 0
+        decoupled = getattr(self.checkpoint_engine, "is_decoupled", lambda: False)()
+        if writes_here and given.get("save_latest", True) and not decoupled:
+            import os
+
+            tag = given.get("tag")
+            with open(os.path.join(given["save_dir"], "latest"), "w") as fd:
+                fd.write(str(tag if tag is not None else f"global_step{self.global_steps}"))
+        if self.use_node_local_storage():  # as stock's save ends: every rank returns after every write
+            import deepspeed.comm as dist
+
+            dist.barrier()
+        return done
+
+    return save
+
+
 def _convert_casting(original):
     """Under a call :func:`_init_casting_module` marked, the module's float params not yet partitioned
     are cast to Init's dtype (the config's) before they are partitioned."""
@@ -616,6 +647,14 @@ PATCHES = (
         "module state dict, whose ZeRO-3 params are empty placeholders: the engine kept its initial weights; "
         "module only now loads the consolidated weights, as load_optimizer_states=False does "
         "(reference_impl/module_only.py, 008-d, DeepSpeed bug 14)",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "save_checkpoint",
+        _wrapper(_save_with_latest_per_node),
+        "under checkpoint.use_node_local_storage only global rank 0 wrote 'latest', so a resume without a tag "
+        "skipped the load on every other node (a warning) and those ranks trained on from their initial "
+        "weights; each node's local rank 0 writes it (008-i, DeepSpeed bug 20)",
     ),
     Patch(
         DeepSpeedEngine,
