@@ -10,6 +10,8 @@ so each contract is proven by the bug it names, not by whichever of stock's bugs
 
 import pytest
 
+from conftest import ROOT  # at import: a whole-suite run in this process imports another conftest
+
 STAGE3 = "runtime/zero/stage3.py"
 #: Reads and writes between the micro-batches of an offloaded step go to the device partition.
 FIX_READS = (
@@ -372,8 +374,6 @@ def test_one_line_fork_fails_only_its_own_test(run_pytest, tmp_path_factory, nam
     """Why: a contract is proven only by an implementation that breaks it and that every other contract
     lets through; each fork of :data:`WHOLE_SUITE_FORKS` fails exactly its test over the whole suite."""
     from forks import ForkCache
-
-    from conftest import ROOT
 
     edit, tests, says = WHOLE_SUITE_FORKS[name]
     fork = ForkCache(tmp_path_factory, {name: edit})(name)
