@@ -169,13 +169,18 @@ def shared() -> SharedZygote | None:
     value = os.environ.get(ENV_VAR, "")
     address, _, rest = value.partition("|")
     pid, _, want = rest.partition("|")
-    if not (address and pid.isdigit() and want == tag(torch_env()) and hasattr(os, "pidfd_open")):
+    if not (address and pid.isdigit() and want == tag(torch_env()) and can_share()):
         return None
-    if "_forkserver_authkey" in vars(multiprocessing.forkserver.ForkServer()):
-        return None  # a Python whose forkserver authenticates clients: only its starter holds the key
     if not alive(int(pid)):
         return None
     return SharedZygote(address, int(pid))
+
+
+def can_share() -> bool:
+    """Whether another process can fork from a zygote this one starts: it needs a pidfd to watch its
+    requester (:func:`_die_with`), and a forkserver that does not authenticate its clients (newer
+    Pythons give the key to the starter only)."""
+    return hasattr(os, "pidfd_open") and "_forkserver_authkey" not in vars(multiprocessing.forkserver.ForkServer())
 
 
 def share(server: Any) -> None:

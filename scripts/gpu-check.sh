@@ -58,7 +58,7 @@ PY
 
 export DS_ACCELERATOR=cuda
 mkdir -p reports
-common=(--pyargs pytest_zero3.conformance --zero3-backend=auto "--zero3-world-size=$gpus" -p no:cacheprovider)
+common=(--pyargs pytest_zero3.conformance -n 0 --zero3-backend=auto "--zero3-world-size=$gpus" -p no:cacheprovider)
 python -m pytest "${common[@]}" --zero3-impl=reference \
     --zero3-report=reports/gpu-reference.json --zero3-report-md=reports/gpu-reference.md "$@"
 reference=$?
