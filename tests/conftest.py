@@ -136,6 +136,10 @@ def run_pytest(tmp_path, warm_forkserver):
     def run(*args, cwd=None, timeout=900, env=None, own_process=False):
         report = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
         full = ("-p", "no:cacheprovider", f"--zero3-report={report}", *map(str, args))
+        if not any(str(a).split("=")[0] in ("-n", "--numprocesses", "--dist") or str(a).startswith("-n") for a in args):
+            # serial unless asked, however these tests run: a whole-suite run outside an xdist worker
+            # would start workers of its own (tests/test_workers.py tests that)
+            full = (*full, "-n0")
         if not own_process and not _needs_own_process(args, cwd, env):
             return Run(_in_process(full), report)
         full_env = dict(os.environ, DS_ACCELERATOR="cpu", **(env or {}))

@@ -153,7 +153,11 @@ def test_sigkill_of_a_pytest_using_a_shared_zygote_takes_its_forkserver_and_rank
 
 
 def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
-    run = run_pytest(str(DATA / "two_worlds_case.py"), "-n", "2")
+    # an empty PYTEST_ZERO3_ZYGOTE: this process's shared zygote is not offered, so the controller
+    # starts one for its workers
+    run = run_pytest(
+        str(DATA / "two_worlds_case.py"), "-n", "2", "--zero3-impl=installed", env={"PYTEST_ZERO3_ZYGOTE": ""}
+    )
     assert run.returncode == 0, run.stdout
     assert "4 passed" in run.stdout
 

@@ -1,5 +1,5 @@
-"""A whole-suite run spreads its worlds over pytest-xdist workers (plugin._default_workers), and an
-xdist controller shares one zygote with its workers' forkservers (torch imported once per run)."""
+"""A whole-suite run spreads its worlds over pytest-xdist workers (plugin._default_workers).  That an
+xdist controller shares one zygote with its workers' forkservers: tests/test_lifecycle.py's xdist test."""
 
 import os
 import subprocess
@@ -53,12 +53,5 @@ def test_whole_suite_runs_on_workers_unless_the_user_chose():
         out = _collect("--zero3-impl=reference", *args, **env)
         assert "zero3 workers" not in out, out
     # a run of given tests is left as asked
-    out = _collect("--zero3-impl=reference", str(DATA / "zygote_case.py"))
+    out = _collect("--zero3-impl=reference", str(DATA / "two_worlds_case.py"))
     assert "zero3 workers" not in out, out
-
-
-def test_xdist_workers_fork_their_forkservers_from_the_controllers_zygote(run_pytest):
-    # an empty PYTEST_ZERO3_ZYGOTE: this process's shared zygote is not offered to that pytest
-    run = run_pytest(str(DATA / "zygote_case.py"), "-n", "2", "--zero3-impl=installed", env={"PYTEST_ZERO3_ZYGOTE": ""})
-    assert run.returncode == 0, run.stdout
-    assert "1 passed" in run.stdout, run.stdout
