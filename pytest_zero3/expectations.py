@@ -21,7 +21,10 @@ contract that fails for another cause is a new failure.  The plain ``"ID" = "rea
 cause and expects any failure; prefer the table form, or a second, different bug behind the same ID
 goes unseen.  ``profiles`` (config profile names, ``--zero3-profile``) lists the contract's tests under
 those profiles only: a failure that only a profile's axis reaches is no expectation under the others,
-where the contract passes.  ``variants`` does the same for a contract test parametrised by
+where the contract passes.  ``when`` (a table of dotted DeepSpeed config keys and values, e.g.
+``when = { "bf16.enabled" = true }``) lists them where the suite's config under the test's profile and
+``--zero3-config`` has those values: a bug that a config key reaches is known under a profile and
+under a fork's overlay alike, and nowhere else.  ``variants`` does the same for a contract test parametrised by
 ``variant``: a known failure of one variant leaves the others judged.  A contract whose variants fail
 for different causes lists an array of such tables, each naming its variants (none in two): each
 variant is held to its own cause, so one variant's known bug hides nothing in another.  A listed contract that passes is an "unexpected pass" (a failure under
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Callable
 
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type checkers see the class
@@ -42,7 +46,8 @@ from pytest_zero3.outcome import first_failure
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
-    '(or raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] to list those tests only), '
+    '(or raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] / when = {"bf16.enabled" = true} '
+    "to list those tests only), "
     'an array of such tables each with its variants, or "000-a" = "reason" to expect any failure'
 )
 
@@ -61,22 +66,30 @@ class Expectation:
     profiles: tuple[str, ...] = ()
     #: The variants (a contract test's ``variant`` parameter) it lists (empty: every variant's).
     variants: tuple[str, ...] = ()
+    #: ``(dotted config key, value)`` pairs the suite's config must have for it to list a test (empty: any).
+    when: tuple[tuple[str, object], ...] = ()
     #: The array form: one entry per set of variants, each with its own cause (this entry's own
     #: reason/match/raises are then only their summary).
     per_variant: tuple[Expectation, ...] = ()
 
-    def covers(self, profile: str, variant: str | None = None) -> bool:
+    def covers(self, profile: str, variant: str | None = None, config: Callable[[], dict] | None = None) -> bool:
         """Whether it lists the contract's test under config profile ``profile`` and of ``variant``."""
-        return self.listing(profile, variant) is not None
+        return self.listing(profile, variant, config) is not None
 
-    def listing(self, profile: str, variant: str | None = None) -> Expectation | None:
+    def listing(
+        self, profile: str, variant: str | None = None, config: Callable[[], dict] | None = None
+    ) -> Expectation | None:
         """The entry that lists the contract's test under ``profile`` and of ``variant`` (this one, or in
-        the array form the one naming ``variant``), else None."""
+        the array form the one naming ``variant``), else None.  ``config()``: the suite's config under
+        that profile and ``--zero3-config``, flattened to dotted keys (asked only by a ``when``)."""
         if self.per_variant:
-            return next((e for e in self.per_variant if e.covers(profile, variant)), None)
+            return next((e for e in self.per_variant if e.covers(profile, variant, config)), None)
         listed = (not self.profiles or profile in self.profiles) and (
             not self.variants or variant is None or variant in self.variants
         )
+        if listed and self.when:
+            flat = config() if config is not None else {}
+            listed = all(key in flat and flat[key] == value for key, value in self.when)
         return self if listed else None
 
     def entries(self) -> tuple[Expectation, ...]:
@@ -162,11 +175,19 @@ def _entry(path, cid: str, value) -> Expectation:
         value = {"reason": value}
     if not isinstance(value, dict):
         raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} must be a reason string or a table: {FORMS}.")
-    unknown = sorted(set(value) - {"reason", "match", "raises", "profiles", "variants"})
+    unknown = sorted(set(value) - {"reason", "match", "raises", "profiles", "variants", "when"})
     if unknown:
         raise pytest.UsageError(
             f"--zero3-expect={path}: {cid!r} has unknown keys {', '.join(unknown)}; "
-            "it may give reason, match, raises, profiles, variants."
+            "it may give reason, match, raises, profiles, variants, when."
+        )
+    when = value.get("when", {})
+    if not isinstance(when, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, (bool, int, float, str)) for k, v in when.items()
+    ):
+        raise pytest.UsageError(
+            f"--zero3-expect={path}: {cid!r}'s when must be a table of dotted config keys and plain values, "
+            'e.g. when = { "bf16.enabled" = true }.'
         )
     variants = value.get("variants", [])
     if not isinstance(variants, list) or not all(isinstance(v, str) and v for v in variants):
@@ -190,6 +211,7 @@ def _entry(path, cid: str, value) -> Expectation:
         value.get("raises"),
         profiles=_profiles(path, cid, value),
         variants=tuple(variants),
+        when=tuple(sorted(when.items())),
     )
 
 

@@ -102,6 +102,7 @@ class Report:
         self._pending: dict[
             str, dict
         ] = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
+        self._suite_configs: dict[str, dict] = {}  # profile -> the suite's config under it, flattened
         if reports:
             for option, path in (("--zero3-report", settings.report), ("--zero3-report-md", settings.report_md)):
                 check_writable(option, path)
@@ -217,7 +218,20 @@ class Report:
     def _listed(self, item, cid: str):
         """The Expectation listing contract ``cid``'s test ``item`` (its profile's), else None."""
         expected = self.expected.get(cid)
-        return None if expected is None else expected.listing(markers.profile(item), markers.variant(item))
+        if expected is None:
+            return None
+        profile = markers.profile(item)
+        return expected.listing(profile, markers.variant(item), lambda: self._suite_config(profile))
+
+    def _suite_config(self, profile: str) -> dict:
+        """The suite's config under ``profile`` and ``--zero3-config``, flattened (an expectation's ``when``)."""
+        if profile not in self._suite_configs:
+            from pytest_zero3.fixtures import profiles  # lazy: the suite's package, asked only by a `when`
+
+            self._suite_configs[profile] = profiles.suite_config(
+                profile, profiles.config_overlay(self.settings), self.settings.world_size
+            )
+        return self._suite_configs[profile]
 
     def on_report(self, item, call, rep) -> None:
         """Read a contract test's outcome, as pytest made it, into the small ``zero3`` dict of its report."""

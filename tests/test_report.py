@@ -149,6 +149,8 @@ def test_expectations_file_forms(tmp_path):
         ('"001-a" = 3', "a reason string or a table"),
         ('"001-a" = { reason = "r", profiles = "hpz" }', "profiles must be a non-empty list"),
         ('"001-a" = { reason = "r", profiles = ["hpz", "nope"] }', "unknown profiles nope; choose from fp32"),
+        ('"001-a" = { reason = "r", when = ["bf16.enabled"] }', "when must be a table of dotted config keys"),
+        ('"001-a" = { reason = "r", when = { "bf16" = { enabled = true } } }', "when must be a table of dotted"),
     ):
         path.write_text(f"[expected_failures]\n{body}\n")
         with pytest.raises(pytest.UsageError, match=error):
@@ -170,6 +172,23 @@ def test_an_entry_with_profiles_lists_those_profiles_tests_only(run_pytest, tmp_
     expect.write_text(f"[expected_failures]\n{zinit}\n")
     run = run_pytest(case, f"--zero3-expect={expect}")
     assert run.returncode == 1 and run.outcomes() == {"900-a": "fail"}, run.stdout
+
+
+def test_an_entry_with_when_lists_the_tests_whose_config_has_those_values(run_pytest, tmp_path):
+    """Why (issue 38, drawn fork configs): a bug a config key reaches is known wherever the suite's config
+    has that key, under a profile or under a fork's --zero3-config alike; elsewhere the test is unlisted."""
+    expect = tmp_path / "expect.toml"
+    case = str(ROOT / "tests" / "data" / "profile_case.py")
+    entry = '"900-a" = { reason = "hpz breaks it", match = "the hpz axis", when = { "zero_optimization.zero_hpz_partition_size" = 2 } }'
+    expect.write_text(f"[expected_failures]\n{entry}\n")
+    run = run_pytest(case, f"--zero3-expect={expect}", "--zero3-strict", "-rxX")
+    assert run.returncode == 0 and run.outcomes() == {"900-a": "known_failure"}, run.stdout
+    assert "XPASS" not in run.stdout, run.stdout  # fp32's config has no hpZ: not listed
+    assert "XFAIL tests/data/profile_case.py::test_per_profile[hpz] - known failure 900-a" in run.stdout
+    overlay = tmp_path / "fork.json"  # a fork's config with hpZ: its fp32 test is listed too (and passes here)
+    overlay.write_text('{"zero_optimization": {"zero_hpz_partition_size": 2}}')
+    run = run_pytest(case, f"--zero3-expect={expect}", f"--zero3-config={overlay}", "-rxX")
+    assert "XPASS tests/data/profile_case.py::test_per_profile[fp32] - known failure 900-a" in run.stdout, run.stdout
 
 
 def test_an_array_entry_holds_each_variant_to_its_own_cause(run_pytest, tmp_path):
