@@ -49,7 +49,8 @@ def test_whole_suite_runs_on_workers_unless_the_user_chose():
         out = _collect("--zero3-impl=reference", *named)
         assert f"zero3 workers: {workers} (pytest-xdist" in out, out
     # the user's -n 0, and a pytest inside an xdist worker, stay serial
-    for args, env in ((("-n", "0"), {}), ((), {"PYTEST_XDIST_WORKER": "gw0"})):
+    # and --zero3-strict, whose whole-contract check counts one process's tests
+    for args, env in ((("-n", "0"), {}), ((), {"PYTEST_XDIST_WORKER": "gw0"}), (("--zero3-strict",), {})):
         out = _collect("--zero3-impl=reference", *args, **env)
         assert "zero3 workers" not in out, out
     # a run of given tests is left as asked
