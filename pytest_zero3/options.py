@@ -438,6 +438,11 @@ def asked(config: pytest.Config, args=()) -> bool:
     return any(getattr(config.option, opt.ini, None) is not None for opt in OPTIONS)
 
 
+def suite_dir() -> str:
+    """The conformance suite's directory, resolved (what a test path that names the suite resolves to)."""
+    return os.path.dirname(os.path.realpath(registry.path()))
+
+
 def names_suite(args) -> bool:
     """Whether ``args`` hold a ``--zero3-*`` option or name the conformance suite (``zero3-conformance``,
     ``pytest --pyargs pytest_zero3.conformance``, ``pytest conformance/``)."""
@@ -446,7 +451,7 @@ def names_suite(args) -> bool:
         return True
     if "--pyargs" in args and any(a.split("::")[0].startswith("pytest_zero3.conformance") for a in args):
         return True
-    suite = os.path.dirname(os.path.realpath(registry.path()))
+    suite = suite_dir()
     for a in args:
         if a.startswith("-"):
             continue

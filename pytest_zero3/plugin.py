@@ -95,12 +95,7 @@ def _strict(early_config, args) -> bool:
     when all of them pass, counting one process's tests, so the run stays in one process.  (Grouping
     them with ``xdist_group`` does not help under pytest 9.2: pytest-xdist 3.8 can no longer put the
     group into a test's node id, so ``--dist loadgroup`` splits groups.)"""
-    if any(str(a) == "--zero3-strict" for a in args):
-        return True
-    try:
-        return str(early_config.getini("zero3_strict")).strip().lower() in ("1", "true", "yes", "on")
-    except ValueError:
-        return False
+    return "--zero3-strict" in map(str, args) or bool(early_config.getini("zero3_strict"))
 
 
 def _worlds_on_the_cpu() -> bool:
@@ -119,10 +114,7 @@ def _names_only_the_suite(early_config) -> bool:
     paths = [str(p) for p in early_config.known_args_namespace.file_or_dir]
     if len(paths) != 1 or not early_config.stash.get(_ASKED, False):
         return False
-    if paths[0] == "pytest_zero3.conformance":
-        return True
-    suite = os.path.realpath(os.path.dirname(registry.path()))
-    return os.path.realpath(paths[0]) == suite
+    return paths[0] == "pytest_zero3.conformance" or os.path.realpath(paths[0]) == options.suite_dir()
 
 
 def pytest_configure(config):
