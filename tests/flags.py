@@ -157,13 +157,15 @@ CASES = (
         frozenset({"base-f"}),
         "base",
     ),
-    # stale weights break every parity contract; base-e keeps its small layers persistent (never
-    # re-fetched) and base-f checks bookkeeping, not numbers.
+    # stale weights break every parity contract; base-f checks bookkeeping, not numbers.  base-e may fail
+    # too: the class is DeepSpeed 0.19.8's own coordinator, whose persistent params are released while the
+    # first trace is recorded (DeepSpeed bug 12), which base-e reads inside the step.
     Case(
         "stale_gather_cache.py:StaleGatherCache",
         "DeepSpeed's coordinator serving stale gathered copies",
         frozenset({"base-a", "base-b", "base-c", "base-d", "base-g", "base-h", "base-i", "base-j"}),
         "base",
+        may_fail=frozenset({"base-e"}),
     ),
     # profile hpz: only a world with secondary shards can show it; base-e (fp32 only) is the control
     Case(
@@ -212,7 +214,8 @@ CASES = (
     Case(
         "partitions_persistent_in_backward.py:PartitionsPersistentInBackward",
         "backward release drops the persistent-param exception",
-        frozenset({"rule-e", "rule-f"}),
+        # base-e reads persistence after the backward too: a persistent param released there breaks it
+        frozenset({"rule-e", "rule-f", "base-e"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
         anchors=(3,),
@@ -359,6 +362,8 @@ CASES += (
         "`deepspeed.initialize` (the reference before 007-a; DeepSpeed's test_zero_late_module_attach.py)",
         frozenset({"007-a"}),
         COORDINATOR_FAMILIES + ",007",
+        # a param replaced after initialize is a plain param too: 007-d's first forward meets the same read
+        may_fail=frozenset({"007-d"}),
         extra=ANCHORS_ONLY,
     ),
     Case(

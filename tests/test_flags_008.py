@@ -58,6 +58,19 @@ LEFT_OUT = {
     "pad": ("test_fragment_writes_train_like_the_twin[device]", "raised RuntimeError"),
     "norm": ("test_fragment_writes_train_like_the_twin[offload]", "engine.get_global_grad_norm()"),
 }
+#: fork -> the other tests the same bug fails: the reads fix is also where offloaded writes between
+#: micro-batches land, and the unpadded cut is the same code whether the optimizer is offloaded or not.
+ALSO_FAILS = {
+    "reads": {"test_fragment_writes_train_like_the_twin[offload]"},
+    "pad": {"test_fragment_writes_train_like_the_twin[offload]"},
+    "norm": set(),
+}
+#: Failed on every fork here: ``safe_update_full_grad_vectorized`` cuts the unpadded slice at a site of its
+#: own (DeepSpeed bug 10's other site, listed in 0.19.8's expectations), which none of :data:`FIXES` edits.
+VECTORIZED = {
+    "test_vectorized_grad_update_trains_like_the_twin[vectorized-device]",
+    "test_vectorized_grad_update_trains_like_the_twin[vectorized-offload]",
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +102,12 @@ def test_stock_fails_the_writes_for_the_padding(run_suite):
 @pytest.mark.proof
 @pytest.mark.parametrize("left", [*FIXES, ""], ids=lambda n: f"without-{n}" if n else "all-fixed")
 def test_each_fragment_bug_alone_fails_its_test(run_suite, fragment_fork, left):
-    """Why: with all three fixed in DeepSpeed's own source 008 passes (the contracts judge the API, not
-    the reference's way of fixing it); with one left out exactly that one's test fails."""
+    """Why: with all three fixed in DeepSpeed's own source 008's fragment tests pass (the contracts judge
+    the API, not the reference's way of fixing it); with one left out exactly that one's tests fail.  The
+    vectorized update fails on every one of these forks, by stock's bug at its own site (:data:`VECTORIZED`)."""
     run = run_suite(fragment_fork(left), "008-a,008-b")
     failed = _failed(run)
-    want = {LEFT_OUT[left][0]} if left else set()
+    want = ({LEFT_OUT[left][0]} | ALSO_FAILS[left] if left else set()) | VECTORIZED
     assert failed == want, f"failed {sorted(failed)}, expected {sorted(want)}\n{run.stdout[-4000:]}"
     if left:
         assert LEFT_OUT[left][1] in run.stdout, run.stdout[-4000:]
