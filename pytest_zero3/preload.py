@@ -45,8 +45,11 @@ DEEPSPEED = (
     "torch.profiler._cupti_monitor",
 )
 #: What a zygote (:mod:`pytest_zero3.zygote`) imports besides :data:`BASE`: the inductor modules that
-#: deepspeed.runtime.zero.muon imports.
-TORCH = ("torch._inductor.compile_fx",)
+#: deepspeed.runtime.zero.muon imports, and the Hugging Face stack where it is installed (the zoo's and
+#: family 007's models; neither imports deepspeed, and transformers asks whether one is importable only
+#: when called, so a fork checkout's forkserver sees its own).  Each rank forkserver of a whole-suite
+#: run imported peft and transformers for itself: about 3 s of CPU, once per pytest-xdist worker.
+TORCH = ("torch._inductor.compile_fx", "transformers", "peft")
 
 
 def _load_all() -> None:

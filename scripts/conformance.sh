@@ -4,6 +4,9 @@
 # unsupported on a CPU world), each with a JSON and a Markdown report under reports/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Python's default: keep bytecode caches (as .ci/run does; with PYTHONDONTWRITEBYTECODE set, every
+# pytest process, forkserver and rank compiles this checkout from source again).
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/install.sh
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 mkdir -p reports

@@ -12,6 +12,9 @@
 # any run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Python's default: keep bytecode caches (as .ci/run does; with PYTHONDONTWRITEBYTECODE set, every
+# pytest process, forkserver and rank compiles this checkout from source again).
+unset PYTHONDONTWRITEBYTECODE
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 first=${1:-0}
 count=${2:-8}

@@ -14,6 +14,9 @@
 # proofs/ds-unit/), and fails when the reference fails one stock passes that no contract contradicts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Python's default: keep bytecode caches (as .ci/run does; with PYTHONDONTWRITEBYTECODE set, every
+# pytest process, forkserver and rank compiles this checkout from source again).
+unset PYTHONDONTWRITEBYTECODE
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 mkdir -p proofs
 start=$(date +%s)
