@@ -18,6 +18,7 @@ import deepspeed.runtime.zero.config as ds_zero_config
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero import parameter_offload
+from deepspeed.runtime.zero import stage3 as ds_stage3
 from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 from deepspeed.runtime.zero.partition_parameters import GatheredParameters, Init
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
@@ -486,6 +487,17 @@ def _replacement(value) -> Callable[[Any, Any], Any]:
     return lambda original, coordinator: value
 
 
+def _registering_eager_hooks(register_grad_hook):
+    """``deepspeed.runtime.zero.stage3.register_grad_hook`` registering each hook wrapped in
+    ``torch.compiler.disable``: dynamo (compiled autograd's too) never traces a gradient hook."""
+
+    @functools.wraps(register_grad_hook)
+    def register(param, hook):
+        return register_grad_hook(param, torch.compiler.disable(hook))
+
+    return register
+
+
 @dataclasses.dataclass(frozen=True)
 class Patch:
     """One attribute ``install()`` replaces in deepspeed."""
@@ -704,6 +716,15 @@ PATCHES = (
         _wrapper(_step_restoring_boundary),
         "puts back the boundary flag a coalesced block set for this step (008-g)",
         since="0.19.2",
+    ),
+    Patch(
+        ds_stage3,
+        "register_grad_hook",
+        lambda original, coordinator: _registering_eager_hooks(original),
+        "under engine.compile(compiled_autograd_enabled=True) compiled autograd traced stage 3's "
+        "post-accumulate-grad hook with dynamo, whose fake copy of the partitioned param (1-D, its grad "
+        "2-D) raised 'AssertionError: 1 != 2' in the first backward; the hook runs eagerly, a graph break "
+        "in the compiled backward (docs/repro/compiled_autograd_hook.py)",
     ),
     Patch(
         DeepSpeedEngine,
