@@ -165,6 +165,10 @@ def _one_thread_unless_chosen() -> None:
         torch.set_num_threads(1)
 
 
+#: The most elements a tensor prints whole in a rank (torch's default: 1000).
+REPR_WHOLE = 64
+
+
 def _short_tensor_reprs() -> None:
     """Tensors of more than :data:`REPR_WHOLE` elements print summarized in a rank (torch's own form,
     its edge items and "...").  DeepSpeed builds debug messages eagerly, logged or not: 0.19.8's stage 3
@@ -175,10 +179,6 @@ def _short_tensor_reprs() -> None:
     import torch
 
     torch.set_printoptions(threshold=REPR_WHOLE)
-
-
-#: The most elements a tensor prints whole in a rank (torch's default: 1000).
-REPR_WHOLE = 64
 
 
 def _join_world(attempt: Attempt, rank: int) -> None:
