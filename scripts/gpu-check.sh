@@ -21,6 +21,12 @@
 #    fixtures/rule/zero_keys.py: zero_quantized_weights, zero_quantized_nontrainable_weights,
 #    zero_quantized_gradients), RULE_EXAMPLES drawn examples (default 24) against the reference:
 #    reports/gpu-keys.{json,md}.
+# Environment: GPU_CHECK_WHEELS=DIR installs deepspeed and its missing needs from wheels in DIR, offline
+# (a machine with no package index; build DeepSpeed's wheel elsewhere with `pip wheel --no-deps
+# deepspeed==VERSION`: it is pure Python, its ops JIT-built where they run); GPU_CHECK_WORKERS=N runs
+# N worlds side by side (default 0: serially; a world of one GPU's size shares it well with others);
+# GPU_CHECK_STEP_S=S stops any one step after S seconds (default: none), so a slow step leaves the
+# next ones their time. Each step's output is also kept in reports/gpu-STEP.log.
 # Exit status: non-zero when any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +54,15 @@ if ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 
         exit 2
     fi
 fi
-python -m pip install --quiet "deepspeed==$deepspeed_version" -e ".[test]" || exit 2
+# deepspeed at the pinned version and this package, unless both are there already
+if ! python -c "import sys, importlib.metadata as m, pytest_zero3; sys.exit(m.version('deepspeed') != '$deepspeed_version')" 2>/dev/null; then
+    if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
+        python -m pip install --quiet --no-index --no-deps "$GPU_CHECK_WHEELS"/*.whl || exit 2
+        python -m pip install --quiet --no-index --no-deps --no-build-isolation -e . || exit 2
+    else
+        python -m pip install --quiet "deepspeed==$deepspeed_version" -e ".[test]" || exit 2
+    fi
+fi
 python - <<'PY' || exit 2
 import torch
 assert torch.cuda.is_available(), "torch does not see CUDA after the install"
@@ -58,8 +72,35 @@ PY
 
 export DS_ACCELERATOR=cuda
 mkdir -p reports
-common=(--pyargs pytest_zero3.conformance -n 0 --zero3-backend=auto "--zero3-world-size=$gpus" -p no:cacheprovider)
-python -m pytest "${common[@]}" --zero3-impl=reference \
+# DeepSpeed's JIT-built ops (FusedAdam for 008-c's config, DeepSpeedCPUAdam for the offload profile)
+# are built once here, outside any scenario's timeout, into the directory the suite's ranks use.
+SECONDS=0
+python -c "from pytest_zero3 import impl; impl.prepare_process(impl.parse('installed'))
+import pytest_zero3.fixtures.fused_adam_build, pytest_zero3.fixtures.cpu_adam_op" 2>&1 | tail -3
+echo "gpu-check: DeepSpeed's ops built in $SECONDS s"
+
+workers=()
+if [ "${GPU_CHECK_WORKERS:-0}" != 0 ]; then
+    workers=(-n "$GPU_CHECK_WORKERS" --dist loadgroup)
+else
+    workers=(-n 0)
+fi
+# one step: its name, then its command; time-boxed when GPU_CHECK_STEP_S is set; output kept
+step() {
+    local name=$1
+    shift
+    local box=()
+    if [ -n "${GPU_CHECK_STEP_S:-}" ]; then
+        box=(timeout --signal=INT --kill-after=20 "$GPU_CHECK_STEP_S")
+    fi
+    SECONDS=0
+    "${box[@]}" "$@" 2>&1 | tee "reports/gpu-$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "gpu-check: step $name exit $rc in $SECONDS s"
+    return "$rc"
+}
+common=(--pyargs pytest_zero3.conformance "${workers[@]}" --zero3-backend=auto "--zero3-world-size=$gpus" -p no:cacheprovider)
+step reference python -m pytest "${common[@]}" --zero3-impl=reference \
     --zero3-report=reports/gpu-reference.json --zero3-report-md=reports/gpu-reference.md "$@"
 reference=$?
 # auto went through DeepSpeed's accelerator: the ranks say what they ran on
@@ -70,20 +111,20 @@ ran = (info.get("accelerator"), info.get("backend"))
 assert ran == ("cuda", "nccl"), f"gpu-check: the ranks ran on {ran}, not (cuda, nccl): see pytest_zero3/accel.py"
 print(f"gpu-check: ranks ran on the {ran[0]} accelerator with {ran[1]}, {info.get('device_count')} device(s) on the node")
 PY
+# the GPU-only profiles (qgz needs ranks on several nodes to quantize anything: on one node it tests
+# the fallback to reduce-scatter only)
+step profiles python -m pytest "${common[@]}" --zero3-impl=reference --zero3-profile=fp16,qwz,qgz,deepcompile \
+    --zero3-report=reports/gpu-profiles.json --zero3-report-md=reports/gpu-profiles.md "$@"
+profiles=$?
 expect="conformance/expectations/deepspeed-$deepspeed_version.toml"
-python -m pytest "${common[@]}" --zero3-impl=installed --zero3-expect="$expect" \
+step installed python -m pytest "${common[@]}" --zero3-impl=installed --zero3-expect="$expect" \
     --zero3-report=reports/gpu-installed.json --zero3-report-md=reports/gpu-installed.md "$@"
 installed=$?
 # 003-g and its known-bad host-timer controller (skipped, with the reason, on fewer than 2 GPUs)
-python -m pytest tests/test_flags_003g.py -p no:cacheprovider -rs "$@"
+step timing python -m pytest tests/test_flags_003g.py -p no:cacheprovider -rs "$@"
 timing=$?
-# the GPU-only profiles (qgz needs ranks on several nodes to quantize anything: on one node it tests
-# the fallback to reduce-scatter only)
-python -m pytest "${common[@]}" --zero3-impl=reference --zero3-profile=fp16,qwz,qgz,deepcompile \
-    --zero3-report=reports/gpu-profiles.json --zero3-report-md=reports/gpu-profiles.md "$@"
-profiles=$?
 # the rule family with the GPU-only ZeRO keys in its draw
-PYTEST_ZERO3_GPU_KEYS=1 python -m pytest "${common[@]}" --zero3-impl=reference --zero3-select=rule \
+PYTEST_ZERO3_GPU_KEYS=1 step keys python -m pytest "${common[@]}" --zero3-impl=reference --zero3-select=rule \
     "--zero3-examples=${RULE_EXAMPLES:-24}" --zero3-report=reports/gpu-keys.json --zero3-report-md=reports/gpu-keys.md "$@"
 keys=$?
 echo "gpu-check: $gpus GPU(s); reference exit $reference, installed exit $installed, 003-g timing tests exit $timing," \
