@@ -24,7 +24,7 @@ import signal
 import sys
 import traceback
 
-from pytest_zero3 import accel, impl
+from pytest_zero3 import accel, impl, scenario
 from pytest_zero3.job import Attempt
 from pytest_zero3.outcome import (
     HUNG,
@@ -50,6 +50,7 @@ def paths(run_dir: str, rank: int) -> dict:
 def main(attempt: Attempt, rank: int) -> None:
     """Entry point of a rank process (the ``target`` of its ``multiprocessing.Process``)."""
     files = paths(attempt.run_dir, rank)
+    scenario._ends_with_scenario = True  # os._exit below
     _die_with(attempt.job.parent_pid)
     _redirect_output(files["log"])
     stack_file = open(files["stack"], "w")

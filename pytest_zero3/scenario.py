@@ -37,6 +37,17 @@ class Unsupported(Skipped):
         return (type(self), (self.msg,))
 
 
+#: Set in a forked world's rank (:func:`pytest_zero3.rank.main`), which ends in ``os._exit`` once its
+#: scenario returns; a launched (torchrun) rank runs the whole pytest session and leaves it unset.
+_ends_with_scenario = False
+
+
+def ends_with_scenario() -> bool:
+    """Whether this process ends, with no interpreter teardown, once the running scenario returns: process-wide
+    state that cannot be undone safely may then be left as it is (001-d's tracemalloc)."""
+    return _ends_with_scenario
+
+
 def rank() -> int:
     import torch.distributed as dist
 
