@@ -1,0 +1,98 @@
+"""The compile profile's forkserver warm-up (``fixtures/compile_warmup.py``), run as a forkserver runs it:
+imported in a fresh process, which then plays a rank.
+
+Why: the warm-up trains a compiled stage-3 engine in a one-rank world inside the process every rank
+of a run forks from.  What it must leave behind is dynamo's compiled frames and nothing else: no
+world, no DeepSpeed groups or comm backend, no rank variables, no param ids used up, nothing printed;
+and a rank must still compile its own variants of a hook the warm-up already compiled to dynamo's
+recompile limit, as a fresh process would (else the rank runs those hooks eagerly, and the compile
+profile stops judging what it says it judges).  Cost: one process, two small compiled engines, about
+15 s on 2 cores.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = r"""
+import json, os, sys
+import torch, deepspeed
+before = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+import pytest_zero3.fixtures.compile_warmup
+sys.stdout.write("WARMED\n"); sys.stdout.flush(); sys.stderr.write("WARMED\n"); sys.stderr.flush()
+import deepspeed.comm.comm as ds_comm
+import torch._dynamo.utils as dynamo_utils
+from deepspeed.runtime.zero.partition_parameters import Init
+from deepspeed.utils import groups
+from torch._dynamo import convert_frame
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch.nn.modules import module as nn_module
+
+def entries(name):
+    codes = [ref() for ref in convert_frame.input_codes.seen]
+    return sum(len(_debug_get_cache_entry_list(c)) for c in codes if c is not None and c.co_name == name)
+
+left = dict(
+    frames=dynamo_utils.counters["frames"]["total"],
+    world=torch.distributed.is_initialized(),
+    comm_backend=repr(ds_comm.cdb),
+    world_group=repr(groups._WORLD_GROUP),
+    param_id=Init.param_id,
+    env_unchanged=before == {k: os.environ.get(k) for k in before},
+    module_hooks=sum(len(v) for k, v in vars(nn_module).items() if k.startswith("_global_") and k.endswith("hooks")),
+    hook_entries=entries("_post_forward_module_hook"),
+)
+# now a rank: its own world, a model of other module types, compiled
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29583")
+deepspeed.init_distributed(dist_backend="gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8))
+config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+engine.compile(backend="eager")
+engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+engine.step()
+left["rank_hook_entries"] = entries("_post_forward_module_hook")
+sys.stdout.write("PROBE " + json.dumps(left) + "\n")
+"""
+
+
+@pytest.fixture(scope="module")
+def probed():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["DS_ACCELERATOR"] = "cpu"
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE "))
+    printed = proc.stdout.split("WARMED")[0] + proc.stderr.split("WARMED")[0]  # up to the warm-up's end
+    return json.loads(line[len("PROBE ") :]), printed
+
+
+def test_the_warm_up_compiles_deepspeeds_hooks_and_leaves_no_world(probed):
+    left, _ = probed
+    assert left["frames"] > 50, left  # the engine's hooks and the MLP were traced here
+    assert left["hook_entries"] >= 1, left
+    assert not left["world"], left
+    assert left["comm_backend"] == "None" and left["world_group"] == "None", left
+    assert left["param_id"] == 0, left  # a rank's params are numbered from 0, as in a fresh process
+    assert left["env_unchanged"], left
+    assert left["module_hooks"] == 0, left
+
+
+def test_the_warm_up_prints_nothing(probed):
+    """Its world's deprecation warnings, dynamo's recompile-limit warnings and DeepSpeed's logs would
+    reach the terminal of every run with a compile profile, from the forkserver."""
+    _, printed = probed
+    for noise in ("Warning", "recompile_limit", "[rank0]", "DeepSpeed info"):
+        assert noise not in printed, printed[-3000:]
+
+
+def test_a_rank_keeps_its_own_recompile_budget(probed):
+    """The warm-up's MLP takes ``_post_forward_module_hook`` to the limit of 8 entries; a rank's model of
+    other module types still compiles its own variants (a fresh process would)."""
+    left, _ = probed
+    assert left["rank_hook_entries"] > left["hook_entries"], left
