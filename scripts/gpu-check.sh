@@ -27,6 +27,8 @@
 # N worlds side by side (default 0: serially; a world of one GPU's size shares it well with others);
 # GPU_CHECK_STEP_S=S stops any one step after S seconds (default: none), so a slow step leaves the
 # next ones their time. Each step's output is also kept in reports/gpu-STEP.log.
+# Steps run in this order: the reference (2), the GPU-only profiles (4), the installed deepspeed (2),
+# 003-g (3), the GPU-only keys (5).
 # Exit status: non-zero when any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
