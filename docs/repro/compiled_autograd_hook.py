@@ -8,8 +8,11 @@ partitioned param (its .data 1-D and empty, its grad 2-D) fails with "AssertionE
 torch/fx/experimental/symbolic_shapes.py.  With `--eager-hooks` each gradient hook is registered
 wrapped in torch.compiler.disable (what the reference does: reference_impl/install.py), and the three
 steps run; the script prints each step's loss and the CPU seconds it took, which shows the second
-finding: every backward is traced afresh (ZeRO-3's pre-backward functions are new autograd Functions at
-each forward), seconds per step where a cached graph would take milliseconds.
+finding: every backward is traced afresh, seconds per step where a cached graph would take
+milliseconds.  Stage 3's memory-efficient linear runs each F.linear through an autograd Function that
+dynamo traces into torch's autograd_function_apply op, which makes a new Function class at every call:
+compiled autograd never sees the same node twice.  `--plain-linear` sets
+zero_optimization.memory_efficient_linear to false: then the cache hits from the third step.
 """
 
 import os
@@ -32,6 +35,8 @@ config = {
     "optimizer": {"type": "SGD", "params": {"lr": 1e-2}},
     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
 }
+if "--plain-linear" in sys.argv:
+    config["zero_optimization"]["memory_efficient_linear"] = False
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
