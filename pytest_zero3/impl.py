@@ -39,6 +39,11 @@ MATRIX_RELEASES = ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.2", "
 #: activation-checkpoint fix.
 MIN_DEEPSPEED_REFERENCE = "0.19.3"
 
+#: The implementation of the forkserver being loaded (set by :mod:`pytest_zero3.preload` before it imports
+#: the preloads): a preload that runs DeepSpeed code for the ranks to inherit (the compile profile's
+#: warm-up) runs it as the ranks will (:func:`apply`); None outside a forkserver.
+loading: Spec | None = None
+
 
 class SpecError(Exception):
     """A ``--zero3-impl`` value that cannot work; the message names the fix."""

@@ -14,7 +14,7 @@ import pickle
 import signal
 import sys
 
-from pytest_zero3 import dsops, rank
+from pytest_zero3 import dsops, impl, rank
 from pytest_zero3.impl import Spec
 from pytest_zero3.job import Job, payload_path
 
@@ -101,6 +101,7 @@ def load(job: Job) -> None:
     sys.path[:0] = [entry for entry in job.sys_path if entry not in sys.path]
     # The user's preloads first: one that blocks (a stale build lock) shows in the stack at once, and
     # each imports what it needs of torch itself.
+    impl.loading = job.spec
     _import_all((*job.preload, *BASE, *DEEPSPEED))
     dsops.probe()
     dsops.skip_cpu_shm_comm_op()

@@ -3,7 +3,8 @@ imported in a fresh process, which then plays a rank.
 
 Why: the warm-up trains a compiled stage-3 engine in a one-rank world inside the process every rank
 of a run forks from.  What it must leave behind is dynamo's compiled frames and nothing else: no
-world, no DeepSpeed groups or comm backend, no rank variables, no param ids used up, nothing printed;
+world, no DeepSpeed groups or comm backend, no rank variables, no param ids used up, torch's own
+``F.linear``, nothing printed;
 and a rank must still compile its own variants of a hook the warm-up compiled more often than dynamo's
 recompile limit allows, as a fresh process would (else the rank runs those hooks eagerly, and the
 compile profile stops judging what it says it judges).  Cost: one process, two small compiled
@@ -44,6 +45,7 @@ left = dict(
     env_unchanged=before == {k: os.environ.get(k) for k in before},
     module_hooks=sum(len(v) for k, v in vars(nn_module).items() if k.startswith("_global_") and k.endswith("hooks")),
     hook_entries=entries("_post_forward_module_hook"),
+    linear=torch.nn.functional.linear is torch._C._nn.linear,
 )
 # now a rank: its own world, a model of other module types, compiled
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29583")
@@ -81,6 +83,9 @@ def test_the_warm_up_compiles_deepspeeds_hooks_and_leaves_no_world(probed):
     assert left["param_id"] == 0, left  # a rank's params are numbered from 0, as in a fresh process
     assert left["env_unchanged"], left
     assert left["module_hooks"] == 0, left
+    # stage 3's memory-efficient linear stays installed "until manually reset": a rank whose config turns
+    # it off ran it anyway (every compiled-autograd backward of 008-m a cache miss)
+    assert left["linear"], left
 
 
 def test_the_warm_up_prints_nothing(probed):
