@@ -169,3 +169,12 @@ def test_user_optimizer_and_scheduler_train_like_the_twin(zero3_world, variant):
     verdicts.assert_clean(
         zero3_world.run(f8.client_objects, variant), f"the user's optimizer and scheduler ({variant})"
     )
+
+
+@pytest.mark.zero3_contract("008-m")
+def test_compiled_autograd_trains_like_the_twin(zero3_world):
+    """``engine.compile(compiled_autograd_enabled=True)``: compiled autograd captures each backward into a
+    graph whose nodes call stage 3's gradient hooks; training goes on like the twin, and the params are
+    released after the step.  Under ``fp32`` the captured graph runs as captured (torch.compile disabled);
+    under ``compile`` dynamo traces it with the profile's backend, around the hooks."""
+    verdicts.assert_clean(zero3_world.run(f8.compiled_autograd), "compiled autograd")

@@ -285,19 +285,35 @@ COMPILE_KWARGS_DROPPED = (
 )
 
 
-#: The cheap half of the newest axes' proofs: one fork with the four edits (each reaches only its own
+#: The compiled-autograd axis's known-bad: ``engine.compile`` drops ``compiled_autograd_enabled`` (the
+#: engine compiles, the backward stays eager: the user's option silently lost).
+COMPILED_AUTOGRAD_DROPPED = (
+    "runtime/engine.py",
+    "                self._is_compiled_autograd_enabled = compiled_autograd_enabled\n",
+    "                self._is_compiled_autograd_enabled = False\n",
+)
+
+
+#: The cheap half of the newest axes' proofs: one fork with the five edits (each reaches only its own
 #: variant), one run of those variants: test -> a phrase of its message.
-NEW_AXES = [BF16_MASTERS_IGNORED, OVERRIDES_IGNORED, INIT_LINEAR_DROPPED, COMPILE_KWARGS_DROPPED]
+NEW_AXES = [
+    BF16_MASTERS_IGNORED,
+    OVERRIDES_IGNORED,
+    INIT_LINEAR_DROPPED,
+    COMPILE_KWARGS_DROPPED,
+    COMPILED_AUTOGRAD_DROPPED,
+]
 NEW_AXES_FAIL = {
     "test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]": "masters torch.float32, moments torch.float32",
     "test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]": "buffers made in the context are",
     "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]": "do not hold the Linear's values",
     "test_loop_forms_train_like_the_twin[compile_kwargs]": "still compiled:",
+    "test_compiled_autograd_trains_like_the_twin": "(the option was dropped)",
 }
 
 
 def test_each_new_axis_flags_its_fork(run_suite, tmp_path_factory):
-    """Why (bf16 masters, tensor_overrides, init_linear, compile_kwargs: the cheap half): each edit fails
+    """Why (bf16 masters, tensor_overrides, init_linear, compile_kwargs, compiled autograd: the cheap half): each edit fails
     its variant, naming what it broke, and nothing else of the variants run.  The bf16-masters variant
     without the optimizer offload (a fork builds DeepSpeedCPUAdam anew: a minute); the whole suite per
     fork is the proof run's (:data:`WHOLE_SUITE_FORKS`)."""
@@ -305,7 +321,10 @@ def test_each_new_axis_flags_its_fork(run_suite, tmp_path_factory):
 
     fork = ForkCache(tmp_path_factory, {"new-axes": NEW_AXES})("new-axes")
     run = run_suite(
-        fork, "008-g,008-h,008-j", "-k", "bf16_optimizer_states or tensor_overrides or Tiled or compile_kwargs"
+        fork,
+        "008-g,008-h,008-j,008-m",
+        "-k",
+        "bf16_optimizer_states or tensor_overrides or Tiled or compile_kwargs or compiled_autograd",
     )
     assert _failed(run) == set(NEW_AXES_FAIL), run.stdout[-4000:]
     for test, says in NEW_AXES_FAIL.items():
@@ -372,6 +391,12 @@ WHOLE_SUITE_FORKS = {
         COMPILE_KWARGS_DROPPED,
         "test_loop_forms_train_like_the_twin[compile_kwargs]",
         "still compiled:",
+    ),
+    # no other contract asks for compiled autograd
+    "compiled-autograd-dropped": (
+        COMPILED_AUTOGRAD_DROPPED,
+        "test_compiled_autograd_trains_like_the_twin",
+        "(the option was dropped)",
     ),
     # no other contract unflags a leaf by name (a leaf changes when params are gathered, never the numbers)
     "by-name-flag": (
