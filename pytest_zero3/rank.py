@@ -77,7 +77,7 @@ def _run_scenario(attempt: Attempt, rank: int, files: dict) -> RankOutcome:
     try:
         sys.path[:] = attempt.job.sys_path
         _set_env(attempt, rank)
-        _one_thread_unless_chosen()
+        one_thread_unless_chosen()
         _short_tensor_reprs()
         impl.apply(attempt.job.spec)
         fn, args, kwargs = pickle.loads(attempt.call)
@@ -156,7 +156,7 @@ def _set_env(attempt: Attempt, rank: int) -> None:
     )
 
 
-def _one_thread_unless_chosen() -> None:
+def one_thread_unless_chosen() -> None:
     """One intra-op thread per rank unless the user chose a number (``OMP_NUM_THREADS``), as torchrun
     does for several ranks on a node: the ranks' thread pools would otherwise oversubscribe the cores
     and spin on tiny ops (measured: 15-20 % of the suite's CPU time on a 2-core machine)."""

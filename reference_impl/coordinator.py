@@ -288,6 +288,10 @@ class ReferenceCoordinator:
     def trace_prologue(self, module: Module) -> None:
         if is_compiling():
             return
+        self._check_trace(module)
+
+    def _check_trace(self, module: Module) -> None:
+        """Invalidate a complete trace that ``module``, the next to fetch, does not follow."""
         if self._mode == "complete" and not self._trace.matches(self._step, module):
             expected = self._trace.modules[self._step].ds_id if self._step < len(self._trace.modules) else "end"
             message = f"ZeRO-3 trace invalidated at step {self._step}: expected module {expected}, got {module.ds_id}"
@@ -365,6 +369,9 @@ class ReferenceCoordinator:
             if forward and self._grad_probe is None:
                 self._grad_probe = module.register_forward_pre_hook(_GradModeProbe(self), prepend=True)
         params = module_param_set(module, is_leaf)
+        # Checked again here, where the fetch runs eagerly: in a compiled backward DeepSpeed's hook calls
+        # trace_prologue inside code dynamo traced, where it is a no-op, and the pass could run past the trace.
+        self._check_trace(module)
         complete = self._mode == "complete"
         if complete and params != self._trace.step_params[self._step]:
             self._tracing_error(module, params)

@@ -47,9 +47,27 @@ left = dict(
     hook_entries=entries("_post_forward_module_hook"),
     linear=torch.nn.functional.linear is torch._C._nn.linear,
 )
-# now a rank: its own world, a model of other module types, compiled
+# now a rank: its own world and thread count, the warm-up's model (nothing new to trace), then a model of
+# other module types, compiled
+from pytest_zero3 import rank
+from pytest_zero3.fixtures import engine as eng
+from pytest_zero3.fixtures.config import MICRO_BATCH, zero3_config
+from pytest_zero3.fixtures.models import MLP, WIDTH
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29583")
+rank.one_thread_unless_chosen()
 deepspeed.init_distributed(dist_backend="gloo")
+torch.manual_seed(0)
+model = MLP(4)
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=zero3_config(1))
+engine.compile(backend="eager")
+def per_code():
+    codes = [ref() for ref in convert_frame.input_codes.seen]
+    return {f"{c.co_name}:{c.co_firstlineno}": len(_debug_get_cache_entry_list(c)) for c in codes if c is not None}
+had = per_code()
+for _ in range(2):
+    eng.train_step(engine, torch.randn(MICRO_BATCH, WIDTH))
+left["same_model_new_entries"] = {k: n - had.get(k, 0) for k, n in per_code().items() if n != had.get(k, 0)}
+engine.destroy()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8))
 config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
@@ -65,7 +83,8 @@ sys.stdout.write("PROBE " + json.dumps(left) + "\n")
 
 @pytest.fixture(scope="module")
 def probed():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["DS_ACCELERATOR"] = "cpu"
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -102,3 +121,15 @@ def test_a_rank_keeps_its_own_recompile_budget(probed):
     fresh process would)."""
     left, _ = probed
     assert left["rank_hook_entries"] > left["hook_entries"], left
+
+
+def test_a_rank_reuses_what_the_warm_up_compiled(probed):
+    """A rank training the warm-up's own model traces again only DeepSpeed's module hooks, whose guards
+    match the new engine's own objects (its offload manager, its modules' ``ds_id``); the model's frames
+    and the rest of stage 3's hooks pass every guard.  Dynamo's global-state guard compares torch's
+    intra-op thread count, which a rank sets to one (``rank.one_thread_unless_chosen``): a warm-up
+    compiled at the machine's count left every entry failing it, and each rank traced the model again."""
+    left, _ = probed
+    engine_bound = {"_post_forward_module_hook", "post_sub_module_forward_function", "_pre_backward_module_hook"}
+    new = {name.split(":")[0] for name in left["same_model_new_entries"]}
+    assert new <= engine_bound, left["same_model_new_entries"]
