@@ -63,8 +63,8 @@ def _default_workers(early_config, args, whole: bool) -> int:
 
     Why: a world spends much of its time in gloo's waits (a 2-rank collective costs hundreds of
     microseconds of thread hand-offs on a virtual CPU), so one world leaves a third of two cores idle;
-    worlds side by side fill them (the default suite on 2 cores: 119 s serially, 72 s on two workers,
-    68 s on three).  ``--dist loadgroup`` keeps the batched families (the rule batch, the zoo) in one world
+    worlds side by side fill them (the default suite on 2 cores, 2026-12-05: 68 s serially, 55 s on two
+    workers, 50 s on three).  ``--dist loadgroup`` keeps the batched families (the rule batch, the zoo) in one world
     each where the installed pytest-xdist can group (not 3.8 under pytest 9.2, whose node ids it cannot
     suffix; those families then run each test in a world of its own).  Only a whole-suite run (no test
     path, or the suite's own path) on the CPU without ``--zero3-strict`` is changed; ``-n 0`` runs
