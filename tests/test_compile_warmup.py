@@ -7,8 +7,9 @@ world, no DeepSpeed groups or comm backend, no rank variables, no param ids used
 ``F.linear``, nothing printed;
 and a rank must still compile its own variants of a hook the warm-up compiled more often than dynamo's
 recompile limit allows, as a fresh process would (else the rank runs those hooks eagerly, and the
-compile profile stops judging what it says it judges).  Cost: one process, two small compiled
-engines, about 8 s on 2 cores.
+compile profile stops judging what it says it judges); and a rank training the warm-up's own model
+must find the model's frames compiled.  Cost: one process, three small compiled engines, about 10 s on
+2 cores.
 """
 
 import json
