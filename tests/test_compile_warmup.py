@@ -8,7 +8,7 @@ world, no DeepSpeed groups or comm backend, no rank variables, no param ids used
 and a rank must still compile its own variants of a hook the warm-up compiled more often than dynamo's
 recompile limit allows, as a fresh process would (else the rank runs those hooks eagerly, and the
 compile profile stops judging what it says it judges); and a rank training the warm-up's own model
-must find the model's frames compiled.  Cost: one process, three small compiled engines, about 10 s on
+must find the model's frames compiled; and dynamo must format no log line while its logs are off.  Cost: one process, three small compiled engines, about 10 s on
 2 cores.
 """
 
@@ -48,6 +48,35 @@ left = dict(
     hook_entries=entries("_post_forward_module_hook"),
     linear=torch.nn.functional.linear is torch._C._nn.linear,
 )
+# dynamo's logs: nothing formatted for a log that is off, the same lines as torch's where it is on
+import io, logging
+import torch._dynamo.symbolic_convert as sc
+work = []
+stack_above, funcname = sc.get_stack_above_dynamo, sc.get_funcname
+sc.get_stack_above_dynamo = lambda: work.append("stack") or stack_above()
+sc.get_funcname = lambda *a: work.append("funcname") or funcname(*a)
+def broken_quiet(x):
+    y = torch.sin(x)
+    torch._dynamo.graph_break()
+    return y * 2
+def broken_logged(x):
+    y = torch.sin(x)
+    torch._dynamo.graph_break()
+    return y * 2
+torch.compile(broken_quiet, backend="eager")(torch.ones(3))
+left["formatted_for_no_log"] = list(work)
+buf = io.StringIO()
+handler = logging.StreamHandler(buf)
+logging.getLogger("torch._dynamo").addHandler(handler)
+torch._logging.set_logs(graph_breaks=True, trace_call=True)
+torch.compile(broken_logged, backend="eager")(torch.ones(3))
+torch._logging.set_logs()
+logging.getLogger("torch._dynamo").removeHandler(handler)
+sc.get_stack_above_dynamo, sc.get_funcname = stack_above, funcname
+logged = buf.getvalue()
+left["graph_break_logged"] = "Graph break in user code" in logged and "broken_logged" in logged
+left["call_header_logged"] = "TRACE FX call sin from <string>:" in logged and " in broken_logged" in logged
+left["formatted_for_log"] = sorted(set(work))
 # now a rank: its own world and thread count, the warm-up's model (nothing new to trace), then a model of
 # other module types, compiled
 from pytest_zero3 import rank
@@ -134,3 +163,14 @@ def test_a_rank_reuses_what_the_warm_up_compiled(probed):
     engine_bound = {"_post_forward_module_hook", "post_sub_module_forward_function", "_pre_backward_module_hook"}
     new = {name.split(":")[0] for name in left["same_model_new_entries"]}
     assert new <= engine_bound, left["same_model_new_entries"]
+
+
+def test_dynamo_formats_no_log_line_nobody_reads(probed):
+    """The ranks skip the work dynamo does for its graph-break and trace-call logs while those logs are
+    off (the stack above dynamo, each traced file tokenized for its function names: 6 % of a compiled
+    world's CPU), and write the same lines as torch's when they are on."""
+    left, _ = probed
+    assert left["formatted_for_no_log"] == [], left["formatted_for_no_log"]
+    assert left["graph_break_logged"], left
+    assert left["call_header_logged"], left
+    assert left["formatted_for_log"] == ["funcname", "stack"], left["formatted_for_log"]
