@@ -166,7 +166,8 @@ def context(job: Job):
         if parent is not None:
             from pytest_zero3 import zygote  # lazy: its import adds an atexit hook (see the module docstring)
 
-            server = zygote.RankForkServer(parent, job, dict(os.environ))
+            key = repr((place, env, tuple(sorted(preload))))  # what it loads: another pytest's may fork it
+            server = zygote.RankForkServer(parent, job, dict(os.environ), key=key)
         else:
             # read by the forkserver's preload when it starts (at the next start_all), before any other write
             with open(payload_path(os.getpid()), "wb") as fh:
@@ -206,6 +207,7 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
+    answered = getattr(forkserver._forkserver, "answered", None)  # a rank forkserver of a shared zygote
 
     def go():
         try:
@@ -214,6 +216,8 @@ def start_all(ctx, target, args_list, timeout: float) -> list:
                 proc.start()
                 _live.add(proc)
                 procs.append(proc)
+                if answered is not None:
+                    answered()
         except BaseException as exc:  # reported below, in the caller's thread
             errors.append(exc)
 

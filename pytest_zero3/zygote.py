@@ -88,20 +88,25 @@ def _detach(dup) -> int:
     return dup.detach()
 
 
-def serve(job, env: dict, listener_fd: int, alive_r: int) -> None:
+def serve(job, env: dict, listener_fd: int, alive_r: int, zygote_pid: int = 0) -> None:
     """In a child of the zygote: load ``job`` (its deepspeed, preloads, ops) and serve as the forkserver
     its ranks are forked from, until the pytest process that asked for it closes its end of ``alive_r``
-    (multiprocessing's own protocol) or ends, or the zygote dies."""
+    (multiprocessing's own protocol) or ends, or the zygote dies.  With ``zygote_pid``, in a child of
+    another pytest's rank forkserver that loaded the same job (:meth:`RankForkServer.start`): loading
+    finds everything loaded, and the process outlives its parent, watching the zygote instead."""
     from multiprocessing import forkserver
 
     # Not at import: importing preload is the forkserver's start-up (it loads torch and deepspeed); here,
     # in the zygote's child, the zygote imported it already, so this only names it.
     from pytest_zero3 import preload
 
-    zygote = os.getppid()
-    die_with_parent()
-    if os.getppid() != zygote:
-        os._exit(1)
+    if zygote_pid:
+        _die_with(zygote_pid)
+    else:
+        zygote = os.getppid()
+        die_with_parent()
+        if os.getppid() != zygote:
+            os._exit(1)
     _die_with(job.parent_pid)
     os.environ.clear()
     os.environ.update(env)  # the requester's, as a forkserver it started itself would have inherited
@@ -191,16 +196,84 @@ def share(server: Any) -> None:
     os.environ[ENV_VAR] = f"{server._forkserver_address}|{server._forkserver_pid}|{tag(torch_env())}"
 
 
+def _await_exit(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``pid`` (not this process's child) to end; kill it if it has not."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, AttributeError, OSError):
+        return
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    finally:
+        os.close(fd)
+
+
+class _Loaded:
+    """Where the rank forkserver that loaded a job is found by the other users of a shared zygote: a file
+    named by the job's key in a directory beside the zygote's socket (it goes with the process that
+    started the zygote), written by the first user once its forkserver forked a rank, under a lock the
+    others wait on meanwhile (their forkservers would load the same things on the same cores); one that
+    never answers is stopped by its start-up budget, which lets the lock go."""
+
+    def __init__(self, zygote: SharedZygote, key: str):
+        self._dir = os.path.join(os.path.dirname(zygote._forkserver_address), "pytest-zero3-loaded")
+        self._name = f"{zlib.crc32(key.encode()):08x}"
+        self._lock = -1
+
+    def wait(self) -> SharedZygote | None:
+        """The loaded forkserver (its client), if one runs; else None, this process holding the lock
+        until :meth:`publish`."""
+        import fcntl
+
+        try:
+            os.makedirs(self._dir, exist_ok=True)
+            self._lock = os.open(os.path.join(self._dir, self._name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+            with open(os.path.join(self._dir, self._name)) as fh:
+                address, _, pid = fh.read().partition("|")
+        except OSError:
+            return None
+        if not (pid.isdigit() and alive(int(pid)) and os.path.exists(address)):
+            return None
+        return SharedZygote(address, int(pid))
+
+    def publish(self, address: str, pid: int) -> None:
+        if self._lock < 0:
+            return
+        path = os.path.join(self._dir, self._name)
+        with contextlib.suppress(OSError):
+            with open(path + ".tmp", "w") as fh:
+                fh.write(f"{address}|{pid}")
+            os.replace(path + ".tmp", path)
+        self.release()
+
+    def release(self) -> None:
+        if self._lock >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock)  # closing the file releases its lock
+            self._lock = -1
+
+
 class RankForkServer(multiprocessing.forkserver.ForkServer):
     """multiprocessing's ForkServer for a rank forkserver forked from a zygote: the same client side
     (``connect_to_new_process``), started by asking the zygote (:meth:`start`), watched through its
-    Process handle (it is the zygote's child, not this process's, so ``waitpid`` cannot)."""
+    Process handle (it is the zygote's child, not this process's, so ``waitpid`` cannot).
 
-    def __init__(self, zygote: multiprocessing.forkserver.ForkServer, job, env: dict):
+    Where the zygote is shared (the workers of a pytest-xdist run), the first rank forkserver of a job
+    (``key``: what it loads, :func:`pytest_zero3.spawner._fits`) is found by the others in the
+    zygote's directory once it has loaded (:class:`_Loaded`), and theirs are forked from it: its
+    deepspeed import, preloads and warm-ups (about 4 s of CPU each under the compile profile) are paid
+    once per run, not once per worker.  One that is gone, or cannot fork, leaves it to the zygote."""
+
+    def __init__(self, zygote: multiprocessing.forkserver.ForkServer, job, env: dict, key: str = ""):
         super().__init__()
         self._zygote, self._job, self._env = zygote, job, env
         self._process: Any = None
         self._start_lock = threading.Lock()
+        self._loaded = _Loaded(zygote, key) if key and isinstance(zygote, SharedZygote) else None
+        self._forked_from_loaded = False
 
     def ensure_running(self) -> None:
         """The zygote must be running (started from the caller's thread: see spawner.start_all); the
@@ -212,54 +285,105 @@ class RankForkServer(multiprocessing.forkserver.ForkServer):
 
     def start(self) -> None:
         """Ask the zygote for this forkserver, unless it runs; blocks until the zygote is ready."""
-        import socket
-        from multiprocessing import connection, util
+        from multiprocessing import util
 
         with self._start_lock:
-            if self._process is not None and self._process.exitcode is None:
+            if self._process is not None and self._running():
                 return
             if self._process is not None:
                 raise RuntimeError(f"the rank forkserver exited with {self._process.exitcode}")
-            with socket.socket(socket.AF_UNIX) as listener:
-                address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
-                listener.bind(address)
-                os.chmod(address, 0o600)
-                listener.listen()
-                alive_r, alive_w = os.pipe()
-                try:
-                    with using(self._zygote):
-                        ctx = multiprocessing.get_context("forkserver")
-                        proc = ctx.Process(
-                            target=serve,
-                            args=(self._job, self._env, Fd(listener.fileno()), Fd(alive_r)),
-                            daemon=True,
-                            name="pytest-zero3-forkserver",
-                        )
-                        proc.start()
-                except BaseException:
-                    os.close(alive_w)
-                    raise
-                finally:
-                    os.close(alive_r)
+            parent = self._loaded.wait() if self._loaded is not None else None
+            try:
+                proc = None
+                if parent is not None:
+                    try:
+                        proc, address, alive_w = self._fork(parent)
+                    except Exception:  # noqa: BLE001 - gone between the lookup and the fork: the zygote forks it
+                        proc = None
+                    finally:
+                        with contextlib.suppress(OSError):
+                            os.close(parent._forkserver_alive_fd)
+                self._forked_from_loaded = proc is not None
+                if proc is None:
+                    proc, address, alive_w = self._fork(self._zygote)
+            except BaseException:
+                if self._loaded is not None:
+                    self._loaded.release()
+                raise
+            if self._forked_from_loaded and self._loaded is not None:
+                self._loaded.release()
             self._process = proc
             self._forkserver_address, self._forkserver_alive_fd, self._forkserver_pid = address, alive_w, proc.pid
-            util.debug(f"rank forkserver {proc.pid} forked from the zygote")
+            util.debug(f"rank forkserver {proc.pid} forked from {'a loaded one' if parent else 'the zygote'}")
+
+    def _fork(self, parent) -> tuple:
+        """A child of ``parent`` (the zygote, or a loaded rank forkserver) serving this job: its Process
+        handle, its address and the write end of its alive pipe."""
+        import socket
+        from multiprocessing import connection
+
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+            listener.bind(address)
+            os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            try:
+                zygote_pid = self._zygote._forkserver_pid if parent is not self._zygote else 0
+                with using(parent):
+                    ctx = multiprocessing.get_context("forkserver")
+                    proc = ctx.Process(
+                        target=serve,
+                        args=(self._job, self._env, Fd(listener.fileno()), Fd(alive_r), zygote_pid),
+                        daemon=True,
+                        name="pytest-zero3-forkserver",
+                    )
+                    proc.start()
+            except BaseException:
+                os.close(alive_w)
+                with contextlib.suppress(OSError):
+                    os.unlink(address)
+                raise
+            finally:
+                os.close(alive_r)
+        return proc, address, alive_w
+
+    def _running(self) -> bool:
+        """Whether the forkserver runs: its Process handle says so for a child of the zygote; one forked
+        from another pytest's forkserver outlives that parent, whose end the handle would report."""
+        if self._forked_from_loaded:
+            return self._forkserver_pid is not None and alive(self._forkserver_pid)
+        return self._process.exitcode is None
 
     def connect_to_new_process(self, fds):
         self.start()
         return super().connect_to_new_process(fds)
 
+    def answered(self) -> None:
+        """A rank was forked (:func:`pytest_zero3.spawner.start_all`): this forkserver has loaded, and the
+        other users of the zygote waiting for it may fork theirs from it."""
+        if self._loaded is not None and not self._forked_from_loaded and self._forkserver_pid is not None:
+            self._loaded.publish(self._forkserver_address, self._forkserver_pid)
+
     def _stop_unlocked(self) -> None:
+        if self._loaded is not None:  # stopped before it answered (stuck, or failed): the others load theirs
+            self._loaded.release()
         proc = self._process
         if proc is None:
             return
         self._process = None
+        pid = self._forkserver_pid
         os.close(self._forkserver_alive_fd)
         vars(self).update(_forkserver_alive_fd=None, _forkserver_pid=None)
-        proc.join(10)  # it exits once its alive pipe is closed by every holder (the ranks are gone)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(10)
+        if self._forked_from_loaded:  # not a child of a live process this one can wait on
+            self._forked_from_loaded = False
+            if pid is not None:
+                _await_exit(pid, 10)
+        else:
+            proc.join(10)  # it exits once its alive pipe is closed by every holder (the ranks are gone)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(10)
         address, self._forkserver_address = self._forkserver_address, None
         if address and os.path.exists(address):
             os.unlink(address)

@@ -152,14 +152,31 @@ def test_sigkill_of_a_pytest_using_a_shared_zygote_takes_its_forkserver_and_rank
     assert _running(zygote_pid)
 
 
-def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest):
+def test_pytest_xdist_workers_run_worlds_side_by_side(run_pytest, tmp_path):
+    """Two workers' worlds at once; the workers' forkservers load their job once: the first worker's is
+    the zygote's child, the other's is forked from it (its deepspeed, preloads and warm-ups loaded)."""
     # an empty PYTEST_ZERO3_ZYGOTE: this process's shared zygote is not offered, so the controller
     # starts one for its workers
+    log = tmp_path / "forkservers.txt"
     run = run_pytest(
-        str(DATA / "two_worlds_case.py"), "-n", "2", "--zero3-impl=installed", env={"PYTEST_ZERO3_ZYGOTE": ""}
+        str(DATA / "two_worlds_case.py"),
+        "-n",
+        "2",
+        "--zero3-impl=installed",
+        env={"PYTEST_ZERO3_ZYGOTE": "", "ZERO3_CASE_LOG": str(log)},
     )
     assert run.returncode == 0, run.stdout
     assert "4 passed" in run.stdout
+    # each line: the zygote, the world's forkserver, its parent, its grandparent
+    forkservers = {
+        int(fs): (int(parent), int(grand), int(zygote))
+        for zygote, fs, parent, grand in map(str.split, log.read_text().splitlines())
+    }
+    assert len(forkservers) == 2, forkservers  # one per worker
+    loaded = [fs for fs, (parent, _, zygote) in forkservers.items() if parent == zygote]
+    assert len(loaded) == 1, forkservers  # one loaded from the zygote ...
+    (other,) = set(forkservers) - set(loaded)
+    assert forkservers[other][0] == loaded[0], forkservers  # ... the other forked from it
 
 
 def _torchrun(tmp_path, case, *args, timeout=300, env=None):

@@ -1,7 +1,8 @@
 """Run by tests/test_lifecycle.py with -n 2 and a ``--zero3-*`` option, where no zygote is shared from
-outside: worlds in two xdist workers at once must not collide, and each worker's forkserver is forked
+outside: worlds in two xdist workers at once must not collide, and each worker's forkserver descends
 from the one zygote the xdist controller started and named (``PYTEST_ZERO3_ZYGOTE``), although
-pytest-xdist sets variables of its own in its workers."""
+pytest-xdist sets variables of its own in its workers: the first worker's is the zygote's child, the
+other's is forked from that one, loaded already."""
 
 import os
 
@@ -19,7 +20,8 @@ def shm_all_reduce():
     deepspeed.init_distributed(dist_backend="gloo")
     t = torch.full((4,), float(scenario.rank() + 1))
     dist.all_reduce(t)
-    return t.tolist(), _parent(os.getppid())  # the rank's parent is its forkserver
+    forkserver = os.getppid()  # the rank's parent
+    return t.tolist(), [forkserver, _parent(forkserver), _parent(_parent(forkserver))]
 
 
 def _parent(pid: int) -> int:
@@ -31,4 +33,9 @@ def _parent(pid: int) -> int:
 def test_world(zero3_world, i):
     shared = int(os.environ["PYTEST_ZERO3_ZYGOTE"].split("|")[1])
     assert _parent(shared) == os.getppid()  # the controller's (this worker's parent's) zygote
-    assert zero3_world.run(shm_all_reduce) == [([3.0] * 4, shared)] * 2
+    (values, ancestors), other = zero3_world.run(shm_all_reduce)
+    assert values == [3.0] * 4 and other == (values, ancestors)
+    assert shared in ancestors[1:], ancestors  # the zygote's child, or the child of a forkserver that is
+    if os.environ.get("ZERO3_CASE_LOG"):  # what tests/test_lifecycle.py reads: each world's forkserver line
+        with open(os.environ["ZERO3_CASE_LOG"], "a") as fh:
+            fh.write(" ".join(map(str, [shared, *ancestors])) + "\n")
