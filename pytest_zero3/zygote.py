@@ -329,7 +329,7 @@ class RankForkServer(multiprocessing.forkserver.ForkServer):
             listener.listen()
             alive_r, alive_w = os.pipe()
             try:
-                zygote_pid = self._zygote._forkserver_pid if parent is not self._zygote else 0
+                zygote_pid = getattr(self._zygote, "_forkserver_pid", 0) if parent is not self._zygote else 0
                 with using(parent):
                     ctx = multiprocessing.get_context("forkserver")
                     proc = ctx.Process(
