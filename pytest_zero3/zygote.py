@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import select
+import signal
 import threading
 import zlib
 from multiprocessing import reduction
@@ -205,7 +206,7 @@ def _await_exit(pid: int, timeout: float) -> None:
     try:
         if not select.select([fd], [], [], timeout)[0]:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
     finally:
         os.close(fd)
 
@@ -294,27 +295,32 @@ class RankForkServer(multiprocessing.forkserver.ForkServer):
                 raise RuntimeError(f"the rank forkserver exited with {self._process.exitcode}")
             parent = self._loaded.wait() if self._loaded is not None else None
             try:
-                proc = None
-                if parent is not None:
-                    try:
-                        proc, address, alive_w = self._fork(parent)
-                    except Exception:  # noqa: BLE001 - gone between the lookup and the fork: the zygote forks it
-                        proc = None
-                    finally:
-                        with contextlib.suppress(OSError):
-                            os.close(parent._forkserver_alive_fd)
-                self._forked_from_loaded = proc is not None
-                if proc is None:
-                    proc, address, alive_w = self._fork(self._zygote)
+                forked = self._fork_from_loaded(parent) if parent is not None else None
+                self._forked_from_loaded = forked is not None
+                proc, address, alive_w = forked or self._fork(self._zygote)
             except BaseException:
-                if self._loaded is not None:
-                    self._loaded.release()
+                self._release()
                 raise
-            if self._forked_from_loaded and self._loaded is not None:
-                self._loaded.release()
+            if self._forked_from_loaded:  # the lock is held on only while this one loads
+                self._release()
             self._process = proc
             self._forkserver_address, self._forkserver_alive_fd, self._forkserver_pid = address, alive_w, proc.pid
             util.debug(f"rank forkserver {proc.pid} forked from {'a loaded one' if parent else 'the zygote'}")
+
+    def _fork_from_loaded(self, parent: SharedZygote) -> tuple | None:
+        """:meth:`_fork` from another pytest's loaded forkserver; None where it is gone or cannot fork
+        (between the lookup and the fork): the zygote forks this one then."""
+        try:
+            return self._fork(parent)
+        except Exception:  # noqa: BLE001 - see the docstring
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(parent._forkserver_alive_fd)
+
+    def _release(self) -> None:
+        if self._loaded is not None:
+            self._loaded.release()
 
     def _fork(self, parent) -> tuple:
         """A child of ``parent`` (the zygote, or a loaded rank forkserver) serving this job: its Process
@@ -366,8 +372,7 @@ class RankForkServer(multiprocessing.forkserver.ForkServer):
             self._loaded.publish(self._forkserver_address, self._forkserver_pid)
 
     def _stop_unlocked(self) -> None:
-        if self._loaded is not None:  # stopped before it answered (stuck, or failed): the others load theirs
-            self._loaded.release()
+        self._release()  # stopped before it answered (stuck, or failed): the others load theirs
         proc = self._process
         if proc is None:
             return

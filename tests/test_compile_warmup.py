@@ -8,8 +8,8 @@ world, no DeepSpeed groups or comm backend, no rank variables, no param ids used
 and a rank must still compile its own variants of a hook the warm-up compiled more often than dynamo's
 recompile limit allows, as a fresh process would (else the rank runs those hooks eagerly, and the
 compile profile stops judging what it says it judges); and a rank training the warm-up's own model
-must find the model's frames compiled; and dynamo must format no log line while its logs are off.  Cost: one process, three small compiled engines, about 10 s on
-2 cores.
+must find the model's frames compiled; and dynamo must format no log line while its logs are off.
+Cost: one process, three small compiled engines, about 10 s on 2 cores.
 """
 
 import json
