@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal
+import time
 from typing import Any
 
 
@@ -62,7 +63,9 @@ STOPPED = "stopped"  # killed by the harness after another rank failed
 UNFORMED = "unformed"  # could not join the process group: the scenario never started
 
 #: What an error looks like when a rank raised only because a peer went away (it died, hung, or
-#: closed its connections): never the cause while another rank died, hung or raised for itself.
+#: closed its connections) or never came to a collective: a closed connection, a timed-out collective,
+#: a broken rendezvous.  Never the cause while another rank died, hung or raised for itself, and no
+#: verdict of its own while a peer left first with an ending of its own (:func:`explain`).
 PEER_GONE = (
     "connection reset by peer",
     "connection closed by peer",
@@ -70,10 +73,17 @@ PEER_GONE = (
     "gloo/transport",
     "connectfullmesh",
     "remote worker",
+    "remote process exited",
     "distnetworkerror",
     "distbackenderror",
+    "diststoreerror",
+    "collective operation timeout",
     "could not join this scenario's process group",
 )
+
+#: The endings a rank chooses for itself that a peer's communication error may follow from without
+#: being a failure of its own: the peer takes them (:func:`explain`).
+_TAKEN = (UNSUPPORTED, SKIPPED, XFAILED)
 
 
 class GroupNotFormed(Exception):
@@ -90,6 +100,12 @@ class RankOutcome:
     traceback: str = ""  # formatted Python traceback (raised) or faulthandler stack (hung/died)
     log_tail: str = ""  # last lines the rank wrote to stdout/stderr
     identity: dict = dataclasses.field(default_factory=dict)  # what the rank ran: see impl.identity()
+    #: When the rank ended (``time.time()``, stamped where the outcome is made: by the rank before it
+    #: leaves, by the parent for a rank that died or was stopped): which rank left first.
+    ended_at: float = dataclasses.field(default_factory=time.time)
+    #: The rank whose ending this rank took (:func:`explain`): it failed only on a communication error
+    #: after that peer left; its own error stays in ``traceback``.
+    follows: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -97,6 +113,8 @@ class RankOutcome:
 
     def describe(self) -> str:
         head = f"rank {self.rank}: {self.status}"
+        if self.follows is not None:
+            head += f" (as rank {self.follows}, which it lost its connection to when that rank left)"
         if self.message:
             head += f": {self.message}"
         parts = [head]
@@ -127,7 +145,10 @@ def failure_text(outcomes: list[RankOutcome], title: str) -> str:
     """
     lines = [title, ""]
     lines += [
-        f"  rank {o.rank}: {o.status}" + (f": {o.message.splitlines()[0]}" if o.message else "") for o in outcomes
+        f"  rank {o.rank}: {o.status}"
+        + (f": {o.message.splitlines()[0]}" if o.message else "")
+        + left_first_note(outcomes, o)
+        for o in outcomes
     ]
     lines.append("")
     groups: dict = {}
@@ -149,6 +170,75 @@ def peer_gone(outcome: RankOutcome) -> bool:
     return outcome.status == RAISED and any(p in text for p in PEER_GONE)
 
 
+def first_to_leave(outcomes: list[RankOutcome], before: RankOutcome, endings=None) -> RankOutcome | None:
+    """The peer of ``before`` that ended first, no later than ``before`` did, on an ending of its own
+    (not a communication error, not stopped by the harness; one of ``endings`` where given); None where
+    there is none."""
+    peers = [
+        o
+        for o in outcomes
+        if o.rank != before.rank
+        and o.status != STOPPED
+        and not peer_gone(o)
+        and (endings is None or o.status in endings)
+        and o.ended_at <= before.ended_at
+    ]
+    return min(peers, key=lambda o: o.ended_at, default=None)
+
+
+def explain(outcomes: list[RankOutcome]) -> list[RankOutcome]:
+    """The outcomes with each rank that failed only on a communication error after a peer left the
+    world unsupported, skipped or as an expected failure taking that peer's outcome (``follows``).
+
+    Such a rank was still in a collective, or still forming a group, with a peer that had decided,
+    for itself, that the scenario ends here: under load the peer's exit reaches it as a closed
+    connection.  Its error is the peer's decision, not a failure.  Where any rank failed for itself
+    (raised, died, hung) nothing is taken: the world failed, and :func:`failure_text` names who left first.
+    """
+    own = {o.status for o in outcomes if not peer_gone(o) and o.status != STOPPED}
+    if not own & set(_TAKEN) or not own <= {*_TAKEN, PASSED}:
+        return outcomes
+    settled = []
+    for o in outcomes:
+        peer = first_to_leave(outcomes, o, _TAKEN) if peer_gone(o) else None
+        if peer is None:
+            settled.append(o)
+            continue
+        settled.append(
+            dataclasses.replace(
+                o,
+                status=peer.status,
+                message=peer.message,
+                traceback=f"{o.message}\n{o.traceback}",
+                follows=peer.rank,
+            )
+        )
+    return settled
+
+
+def followers_note(outcomes: list[RankOutcome]) -> str:
+    """What :func:`explain` did, in words ("" where it did nothing): for a verdict's reason."""
+    taken = [o for o in outcomes if o.follows is not None]
+    if not taken:
+        return ""
+    ranks = ", ".join(str(o.rank) for o in taken)
+    leaders = ", ".join(sorted({str(o.follows) for o in taken}))
+    return (
+        f" [rank{'s' if len(taken) > 1 else ''} {ranks} failed only on a communication error after rank "
+        f"{leaders} left with this outcome, and take{'' if len(taken) > 1 else 's'} it]"
+    )
+
+
+def left_first_note(outcomes: list[RankOutcome], o: RankOutcome) -> str:
+    """For a rank that failed on a communication error: which peer left first, and how ("" where none did)."""
+    if not peer_gone(o):
+        return ""
+    peer = first_to_leave(outcomes, o)
+    if peer is None:
+        return ""
+    return f" (after rank {peer.rank} left first, {peer.status}, {o.ended_at - peer.ended_at:.1f} s before)"
+
+
 def cause_rank(outcome: RankOutcome) -> int:
     """How likely ``outcome`` is the cause of a failed world, lower first: a rank that died, then one
     that raised for itself, then one that hung, then one that raised because a peer went away, then one
@@ -166,7 +256,8 @@ def first_failure(outcomes: list[RankOutcome]) -> str:
     if not causes:
         return "scenario failed"
     o = causes[0]
-    return f"rank {o.rank} {o.status}: {o.message.splitlines()[0] if o.message else ''}".rstrip(": ")
+    line = f"rank {o.rank} {o.status}: {o.message.splitlines()[0] if o.message else ''}".rstrip(": ")
+    return line + left_first_note(outcomes, o)
 
 
 _HARNESS_FRAMES = ("/multiprocessing/", "pytest_zero3/rank.py", 'File "<string>"')

@@ -40,7 +40,9 @@ from pytest_zero3.outcome import (
     XFAILED,
     RankOutcome,
     death_message,
+    explain,
     failure_text,
+    followers_note,
 )
 from pytest_zero3.scenario import Unsupported
 
@@ -201,19 +203,30 @@ def not_formed_text(tries: list[list[RankOutcome]], name: str, size: int) -> str
 
 
 def settle(outcomes: list[RankOutcome], fn: Callable) -> list[Any]:
-    """Turn outcomes into return values, a skip, an unsupported declaration, or a failure."""
+    """Turn outcomes into return values, a skip, an unsupported declaration, or a failure.
+
+    A rank that failed only on a communication error after a peer left unsupported, skipped or as an
+    expected failure takes that peer's outcome first (:func:`pytest_zero3.outcome.explain`), and the
+    reason says so: the peer's exit is not a failure of the world."""
+    outcomes = explain(outcomes)
+    note = followers_note(outcomes)
     statuses = {o.status for o in outcomes}
     if statuses == {PASSED}:
         return [o.value for o in outcomes]
     if statuses == {SKIPPED}:
-        pytest.skip(outcomes[0].message)
+        pytest.skip(_leader(outcomes).message + note)
     if statuses == {XFAILED}:
-        pytest.xfail(outcomes[0].message)
+        pytest.xfail(_leader(outcomes).message + note)
     unsupported = [o for o in outcomes if o.status == UNSUPPORTED]
     if unsupported and statuses <= {UNSUPPORTED, PASSED, SKIPPED, STOPPED}:
-        raise Unsupported(unsupported[0].message)
+        raise Unsupported(_leader(unsupported).message + note)
     name = getattr(fn, "__qualname__", repr(fn))
     raise WorldFailure(failure_text(outcomes, f"scenario {name} failed on {len(outcomes)}-rank world:"), outcomes)
+
+
+def _leader(outcomes: list[RankOutcome]) -> RankOutcome:
+    """The first outcome that is a rank's own (not taken from a peer): whose words the verdict gives."""
+    return next((o for o in outcomes if o.follows is None), outcomes[0])
 
 
 def _collect(procs, run_dir: str, timeout: float) -> list[RankOutcome]:

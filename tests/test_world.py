@@ -312,6 +312,79 @@ def test_cause_order_died_raised_hung_then_peer_gone():
     assert first_failure([peer_gone]).startswith("rank 0 raised: RuntimeError")
 
 
+def leave_while_the_peer_collects(ending):
+    """Rank 0 ends the scenario its own way before a collective rank 1 is already in: rank 1 sees
+    rank 0's exit as a closed connection (the race of a rank that decides "unsupported" while a peer
+    still forms a group with it, made to happen every time)."""
+    import torch
+    import torch.distributed as dist
+
+    if scenario.rank() == 0:
+        {
+            "unsupported": lambda: scenario.unsupported("the config rejects the keys"),
+            "skip": lambda: pytest.skip("not on this world"),
+            "xfail": lambda: pytest.xfail("known to fail here"),
+            "pass": lambda: None,
+        }[ending]()
+        return "left"
+    dist.all_reduce(torch.ones(1))  # rank 0 never comes: its exit closes the connection under this call
+    return "reduced"
+
+
+@pytest.mark.parametrize(
+    "ending, verdict, words",
+    [
+        ("unsupported", Unsupported, "the config rejects the keys"),
+        ("skip", pytest.skip.Exception, "not on this world"),
+        ("xfail", pytest.xfail.Exception, "known to fail here"),
+    ],
+)
+def test_a_peer_that_left_on_its_own_ending_is_no_failure(zero3_world, ending, verdict, words):
+    """A world's verdict explains its ranks: rank 1's communication error after rank 0 left
+    unsupported (skipped, expected to fail) is rank 0's ending, not a failure, and the reason says so."""
+    with pytest.raises(verdict) as info:
+        zero3_world.run(leave_while_the_peer_collects, ending)
+    reason = str(info.value.msg)
+    assert reason.startswith(words), reason
+    assert "rank 1 failed only on a communication error after rank 0 left with this outcome, and takes it" in reason
+
+
+def test_a_communication_error_no_peer_explains_fails_naming_who_left_first(zero3_world):
+    """Rank 0 passed and left while rank 1 waited in a collective: the ranks disagree on what the
+    scenario does, a failure, and its text names the rank that left first."""
+    from pytest_zero3.outcome import first_failure
+
+    with pytest.raises(WorldFailure) as info:
+        zero3_world.run(leave_while_the_peer_collects, "pass")
+    outcomes, text = info.value.outcomes, str(info.value)
+    assert [o.status for o in outcomes] == ["passed", "raised"], text
+    assert "rank 1: raised: " in text and "(after rank 0 left first, passed," in text, text
+    assert first_failure(outcomes).startswith("rank 1 raised: "), first_failure(outcomes)
+    assert "after rank 0 left first, passed" in first_failure(outcomes)
+
+
+def test_which_communication_errors_a_peer_explains():
+    """Only an error that came after the peer left, in a world where no rank failed for itself."""
+    from pytest_zero3.outcome import RankOutcome, explain
+
+    def gone(rank, at):
+        return RankOutcome(rank, "raised", message="RuntimeError: Connection closed by peer", ended_at=at)
+
+    unsupported = RankOutcome(0, "unsupported", message="no such feature", ended_at=1.0)
+    assert [o.status for o in explain([unsupported, gone(1, 2.0)])] == ["unsupported", "unsupported"]
+    assert explain([unsupported, gone(1, 2.0)])[1].follows == 0
+    assert explain([unsupported, gone(1, 0.5)])[1].status == "raised"  # failed before the peer left
+    raised = RankOutcome(2, "raised", message="ValueError: broke", ended_at=0.1)
+    assert [o.status for o in explain([unsupported, gone(1, 2.0), raised])] == ["unsupported", "raised", "raised"]
+    died = RankOutcome(2, "died", message="killed by SIGSEGV", ended_at=0.1)
+    assert explain([unsupported, gone(1, 2.0), died])[1].status == "raised"
+    stopped = RankOutcome(2, "stopped", ended_at=9.0)  # the harness stopped it: no ending of its own
+    assert [o.status for o in explain([unsupported, gone(1, 2.0), stopped])] == ["unsupported"] * 2 + ["stopped"]
+    passed = RankOutcome(2, "passed", ended_at=0.1)  # left before the error, but passing explains nothing
+    assert explain([passed, gone(1, 2.0)])[1].status == "raised"
+    assert explain([passed, unsupported, gone(1, 2.0)])[2].follows == 0
+
+
 def test_which_tries_count_as_a_world_that_did_not_form():
     """Only a failure to join is tried again; a set-up error before joining would repeat, so it fails."""
     from pytest_zero3.outcome import RankOutcome
