@@ -14,10 +14,15 @@ TOML, comments allowed::
         { reason = "bug 16", match = "coalesce window 1", variants = ["coalesce"] },
     ]
 
-A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression,
-searched in the failure's text as ``pytest.raises(match=...)`` does) and ``raises`` (an exception
-type's name: the test's own exception or the one a rank raised) pin the failure's cause: a listed
-contract that fails for another cause is a new failure.  The plain ``"ID" = "reason"`` form pins no
+A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression, or a
+list of them, each searched as ``pytest.raises(match=...)`` does) and ``raises`` (an exception type's
+name: the test's own exception or the one a rank raised) pin the failure's cause.  **A known failure
+explains only its own problems**: a failure is judged problem by problem (each line a scenario
+reports, each rank that raised for itself: :func:`problems`), every problem must be explained by one
+of the entry's patterns, and a failure with any problem no pattern explains is a new failure that
+names the unexplained ones ("behind the known failure of 008-b: ...").  So an entry names each
+consequence of its bug that the test shows (a list of patterns), never a blanket, and a second bug
+behind the same ID fails the run.  The plain ``"ID" = "reason"`` form pins no
 cause and expects any failure; prefer the table form, or a second, different bug behind the same ID
 goes unseen.  ``profiles`` (config profile names, ``--zero3-profile``) lists the contract's tests under
 those profiles only: a failure that only a profile's axis reaches is no expectation under the others,
@@ -42,7 +47,7 @@ from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type chec
 
 from pytest_zero3 import world
 from pytest_zero3._compat import tomllib
-from pytest_zero3.outcome import first_failure
+from pytest_zero3.outcome import first_failure, peer_gone
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
@@ -57,7 +62,8 @@ class Expectation:
     """Why one contract is known to fail, and which failure that is (no ``match``/``raises``: any)."""
 
     reason: str
-    match: str | None = None
+    #: One pattern or several: each problem of the failure must be found by one of them.
+    match: str | tuple[str, ...] | None = None
     raises: str | None = None
     #: Who lists it: the expectations file, or a baseline that fails the contract too (pytest_zero3.baseline),
     #: whose entries expect any failure and are never strict (a fix on the candidate is an improvement).
@@ -106,15 +112,50 @@ class Expectation:
         parts = []
         if self.raises:
             parts.append(f"raises {self.raises}")
-        if self.match:
-            parts.append(f"matches {self.match!r}")
+        if self.patterns:
+            parts.append("each problem matches " + " or ".join(repr(p) for p in self.patterns))
         return " and ".join(parts)
 
-    def matches(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the expected failure (checked like ``pytest.raises(..., match=...)``)."""
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """``match`` as a tuple (empty: any text)."""
+        if self.match is None:
+            return ()
+        return (self.match,) if isinstance(self.match, str) else tuple(self.match)
+
+    def explains(self, problem: str) -> bool:
+        """Whether one problem's text is one this entry's cause covers (any, where it gives no ``match``)."""
+        return not self.patterns or any(re.search(p, problem) is not None for p in self.patterns)
+
+    def unexplained(self, exc: BaseException) -> list[str]:
+        """The problems of failure ``exc`` this entry does not explain: every one where ``exc`` is not of
+        the listed type (``raises``), else those no pattern finds."""
+        found = problems(exc)
         if self.raises and self.raises not in type_names(exc):
-            return False
-        return not self.match or re.search(self.match, str(exc)) is not None
+            return found
+        return [p for p in found if not self.explains(p)]
+
+    def matches(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the expected failure: of the listed type, and each of its problems explained."""
+        return not self.unexplained(exc)
+
+
+def problems(exc: BaseException) -> list[str]:
+    """The problems of one failure, each judged apart by an entry: a scenario's problem lines (the
+    ``problems`` an assertion carries: ``fixtures/verdicts.assert_clean``, the rule family's
+    violations), else each rank of a failed world that failed for itself (its message, traceback and
+    output; a rank that only lost a peer, or that the harness stopped, is no problem of its own while
+    another rank failed for itself), else the failure's whole text."""
+    found = getattr(exc, "problems", None)
+    if found:
+        return [str(p) for p in found]
+    outcomes = getattr(exc, "outcomes", None)
+    if outcomes:
+        failed = [o for o in outcomes if not o.ok and o.status != "stopped"]
+        own = [o for o in failed if not peer_gone(o)]
+        if own or failed:
+            return [o.describe() for o in own or failed]
+    return [str(exc)]
 
 
 def type_names(exc: BaseException) -> set:
@@ -195,19 +236,31 @@ def _entry(path, cid: str, value) -> Expectation:
     reason = value.get("reason")
     if not isinstance(reason, str) or not reason.strip():
         raise pytest.UsageError(f"--zero3-expect={path}: give {cid!r} a non-empty reason string.")
-    for key in ("match", "raises"):
-        if key in value and (not isinstance(value[key], str) or not value[key].strip()):
-            raise pytest.UsageError(f"--zero3-expect={path}: {cid!r}'s {key} must be a non-empty string.")
-    if "match" in value:
-        try:
-            re.compile(value["match"])
-        except re.error as exc:
+    if "raises" in value and (not isinstance(value["raises"], str) or not value["raises"].strip()):
+        raise pytest.UsageError(f"--zero3-expect={path}: {cid!r}'s raises must be a non-empty string.")
+    match = value.get("match")
+    if match is not None:
+        patterns = [match] if isinstance(match, str) else match
+        if (
+            not isinstance(patterns, list)
+            or not patterns
+            or not all(isinstance(p, str) and p.strip() for p in patterns)
+        ):
             raise pytest.UsageError(
-                f"--zero3-expect={path}: {cid!r}'s match {value['match']!r} is no regular expression ({exc})."
-            ) from None
+                f"--zero3-expect={path}: {cid!r}'s match must be a non-empty string or a list of them "
+                "(one pattern per problem its cause brings)."
+            )
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise pytest.UsageError(
+                    f"--zero3-expect={path}: {cid!r}'s match {pattern!r} is no regular expression ({exc})."
+                ) from None
+        match = match if isinstance(match, str) else tuple(match)
     return Expectation(
         reason,
-        value.get("match"),
+        match,
         value.get("raises"),
         profiles=_profiles(path, cid, value),
         variants=tuple(variants),
@@ -250,15 +303,42 @@ class KnownFailure(Failed):
 
 
 class CauseMismatch(Failed):
-    """A listed contract failed, but not for its listed cause: a new failure, raised from it (``cause``)."""
+    """A listed contract failed, but not only for its listed cause: a new failure, raised from it
+    (``cause``).  ``unexplained``: the failure's problems the entry does not explain (all of them where
+    it explains none, or the failure is not of the listed type)."""
 
-    def __init__(self, cid: str, expectation: Expectation, cause: BaseException):
-        super().__init__(
-            f"{cid} is listed in --zero3-expect as failing because it {expectation.cause} ({expectation.reason}), "
-            f"but it failed for another cause (above): {headline(cause)}",
-            pytrace=False,
-        )
+    def __init__(self, cid: str, expectation: Expectation, cause: BaseException, unexplained=None):
+        self.unexplained = list(unexplained if unexplained is not None else expectation.unexplained(cause))
+        every = problems(cause)
+        if len(self.unexplained) < len(every):
+            shown = "\n".join("  " + _one_line(p) for p in self.unexplained[:SHOWN])
+            more = f"\n  ... {len(self.unexplained) - SHOWN} more" if len(self.unexplained) > SHOWN else ""
+            text = (
+                f"behind the known failure of {cid} ({expectation.reason}): {len(self.unexplained)} of "
+                f"{len(every)} problems are not explained by its entry in --zero3-expect (it {expectation.cause}):\n"
+                f"{shown}{more}"
+            )
+        else:
+            text = (
+                f"{cid} is listed in --zero3-expect as failing because it {expectation.cause} "
+                f"({expectation.reason}), but it failed for another cause (above): {headline(cause)}"
+            )
+        super().__init__(text, pytrace=False)
         self.cause = cause
+
+    @property
+    def first_unexplained(self) -> str:
+        """The first problem the entry does not explain, on one line."""
+        return _one_line(self.unexplained[0]) if self.unexplained else ""
+
+
+#: Unexplained problems a CauseMismatch shows before "... N more".
+SHOWN = 12
+
+
+def _one_line(problem: str) -> str:
+    """A problem's text on one line: its lines joined, the indentation dropped."""
+    return " ".join(line.strip() for line in problem.splitlines() if line.strip())
 
 
 #: What is no failure of the contract: pytest's own skip/xfail/exit, an interrupt, a world that never formed.
@@ -272,7 +352,10 @@ def judge(cid: str, expectation: Expectation, exc: BaseException) -> BaseExcepti
     :class:`CauseMismatch` for another, None for what is no failure (see :func:`passes_through`)."""
     if passes_through(exc):
         return None
-    return (KnownFailure if expectation.matches(exc) else CauseMismatch)(cid, expectation, exc)
+    unexplained = expectation.unexplained(exc)
+    if not unexplained:
+        return KnownFailure(cid, expectation, exc)
+    return CauseMismatch(cid, expectation, exc, unexplained)
 
 
 def headline(exc: BaseException) -> str:

@@ -504,6 +504,13 @@ def classify(call, rep, expected):
         listed = f"listed in --zero3-expect: {expected.reason}" if expected.from_file else expected.reason
         return Outcome.UNEXPECTED_PASS, listed, message
     if isinstance(exc, expectations.CauseMismatch):
+        if len(exc.unexplained) < len(expectations.problems(exc.cause)):
+            return (
+                Outcome.FAIL,
+                f"behind its known failure, {len(exc.unexplained)} problem(s) --zero3-expect does not explain "
+                f"(first: {exc.first_unexplained[:300]})",
+                message,
+            )
         return (
             Outcome.FAIL,
             f"failed for another cause than --zero3-expect lists (expected: it {expected.cause}; got: {first})",
