@@ -40,6 +40,20 @@ BREAK_002A = (
 )
 
 
+#: Breaks 008-b on 0.19.8 behind its known failure (bug 10, listed): safe_set_local_grad under
+#: offload_optimizer no longer recomputes the param's gradient norm (an upstream fix undone), so the step
+#: clips by, and get_global_grad_norm() reports, the norm of the gradients before the write.
+BREAK_LOCAL_GRAD_NORM = (
+    "runtime/zero/stage3.py",
+    "        if self.offload_optimizer:\n"
+    "            self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(value)\n\n"
+    "        fp32_grad, group_idx = self._get_fp32_grad_state_partition(param=param, release_swap_buffers=False)\n"
+    "        fp32_grad.data.copy_(value.flatten().data)",
+    "        fp32_grad, group_idx = self._get_fp32_grad_state_partition(param=param, release_swap_buffers=False)\n"
+    "        fp32_grad.data.copy_(value.flatten().data)",
+)
+
+
 #: Fixes DeepSpeed bug 11 (docs/results/bugs.md) on 0.19.8: destroy() drops each module's backward functions,
 #: which close over the destroyed offload, so a model wrapped again runs its backward into its own engine.
 #: The forks of families 005 and 006 start from it, so that 005-c and 006-c judge their own edit.

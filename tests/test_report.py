@@ -127,6 +127,54 @@ def test_runxfail_shows_known_failures_as_failures(run_pytest, tmp_path):
     assert "known failure 900-b: by construction" in run.stdout and "rank is not 0" in run.stdout
 
 
+def test_a_known_failure_explains_only_its_own_problems(tmp_path):
+    """Issue 53: each problem of a failure must be one the entry's patterns explain; one problem no pattern
+    finds makes the failure new (a CauseMismatch naming it), however many others the entry explains."""
+    from pytest_zero3.fixtures import verdicts
+
+    from pytest_zero3 import expectations
+
+    path = tmp_path / "e.toml"
+    path.write_text(
+        '[expected_failures]\n"008-b" = { reason = "bug 10 and its fallout", match = '
+        '["safe_set_full_grad\\\\(mid\\\\.bias\\\\) raised", "after step 3: safe_get_full_fp32_param of mid"] }\n'
+    )
+    entry = expectations.load(path)["008-b"]
+    assert entry.patterns == (
+        r"safe_set_full_grad\(mid\.bias\) raised",
+        "after step 3: safe_get_full_fp32_param of mid",
+    )
+
+    def failure(*lines):
+        try:
+            verdicts.assert_clean([list(lines), list(lines)], "tensor-fragment writes (offload)")
+        except AssertionError as exc:
+            return exc
+        raise AssertionError("assert_clean passed")
+
+    known = failure(
+        "step 3: safe_set_full_grad(mid.bias) raised RuntimeError",
+        "after step 3: safe_get_full_fp32_param of mid.weight: 45 of 91",
+    )
+    assert entry.matches(known) and isinstance(expectations.judge("008-b", entry, known), expectations.KnownFailure)
+    second = failure(
+        "step 3: safe_set_full_grad(mid.bias) raised RuntimeError",
+        "after step 1: engine.get_global_grad_norm() is 0.33",
+    )
+    assert entry.unexplained(second) == [
+        "tensor-fragment writes (offload):\n  ranks 0, 1: after step 1: engine.get_global_grad_norm() is 0.33"
+    ]
+    judged = expectations.judge("008-b", entry, second)
+    assert isinstance(judged, expectations.CauseMismatch)
+    assert "behind the known failure of 008-b" in str(judged) and "1 of 2 problems" in str(judged)
+    assert judged.first_unexplained.endswith("after step 1: engine.get_global_grad_norm() is 0.33")
+    # every problem is judged, not only the lines the assertion's message shows
+    many = failure(*[f"step 3: safe_set_full_grad(mid.bias) raised {i}" for i in range(30)], "a new problem")
+    assert len(expectations.problems(many)) == 31 and entry.unexplained(many)[-1].endswith("a new problem")
+    # a failure with no problem list is one problem: its whole text
+    assert expectations.problems(RuntimeError("boom")) == ["boom"]
+
+
 def test_expectations_file_forms(tmp_path):
     """The plain form expects any failure; the table form pins match/raises; mistakes are usage errors."""
     from pytest_zero3 import expectations
