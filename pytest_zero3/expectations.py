@@ -113,7 +113,7 @@ class Expectation:
         if self.raises:
             parts.append(f"raises {self.raises}")
         if self.patterns:
-            parts.append("each problem matches " + " or ".join(repr(p) for p in self.patterns))
+            parts.append("matches " + " or ".join(repr(p) for p in self.patterns))
         return " and ".join(parts)
 
     @property
