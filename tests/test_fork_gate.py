@@ -73,7 +73,8 @@ def test_a_fork_that_adds_a_second_leak_fails_although_its_base_lists_the_first(
 def test_a_second_bug_behind_a_listed_failure_of_the_same_test_fails_the_gate(run_suite, tmp_path):
     """Why (issue 53): stock 0.19.8 fails 008-b's offload variant (bug 10, listed with its fallout, and
     bug 21); a fork of it whose safe_set_local_grad leaves the global norm stale must go red naming the
-    stale norm, not read as the known failure.  Stock stays a known failure with its file."""
+    stale norm, not read as the known failure.  (Stock with its file is a known failure there: the main
+    job, scripts/conformance.sh, runs it; a second world here would cost CI 25 s.)"""
     from forks import BREAK_LOCAL_GRAD_NORM, copy_installed_deepspeed, edit
 
     fork = copy_installed_deepspeed(str(tmp_path / "fork"))
@@ -84,5 +85,3 @@ def test_a_second_bug_behind_a_listed_failure_of_the_same_test_fails_the_gate(ru
     assert run.returncode == 1 and run.outcomes() == {"008-b": "fail"}, run.stdout[-4000:]
     reason = run.report["contracts"][0]["reason"]
     assert "behind its known failure" in reason and "after step 1: engine.get_global_grad_norm()" in reason, reason
-    stock = run_suite("installed", "008-b", f"--zero3-expect={expect}", *only)
-    assert stock.returncode == 0 and stock.outcomes() == {"008-b": "known_failure"}, stock.stdout[-4000:]
