@@ -85,3 +85,18 @@ def test_a_second_bug_behind_a_listed_failure_of_the_same_test_fails_the_gate(ru
     assert run.returncode == 1 and run.outcomes() == {"008-b": "fail"}, run.stdout[-4000:]
     reason = run.report["contracts"][0]["reason"]
     assert "behind its known failure" in reason and "after step 1: engine.get_global_grad_norm()" in reason, reason
+
+
+def test_a_crash_inside_the_implementation_is_no_refusal(run_suite, tmp_path):
+    """Why (issue 53): 008-e accepts a deepcopy of the wrapped model refused at the call; a fork of
+    0.19.8 whose deepcopy crashes from inside DeepSpeed (a TypeError naming no copy) read as such a
+    refusal, an unexpected pass of 0.19.8's listed bug, and the gate stayed green.  It fails now."""
+    from forks import BREAK_DEEPCOPY_CRASH, copy_installed_deepspeed, edit
+
+    fork = copy_installed_deepspeed(str(tmp_path / "fork"))
+    for change in BREAK_DEEPCOPY_CRASH:
+        edit(fork, *change)
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_suite(fork, "008-e", f"--zero3-expect={expect}", "-k", "deepcopy")
+    assert run.returncode == 1 and run.outcomes() == {"008-e": "fail"}, run.stdout[-4000:]
+    assert "a crash inside the implementation, not a refusal" in run.stdout, run.stdout[-4000:]
