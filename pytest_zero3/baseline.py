@@ -3,11 +3,13 @@
 Before the candidate's contracts run, the same pytest run (its arguments and its ini file, so the same
 tests, ``--zero3-select``, profiles, config overlay, world size and timeouts) runs once against the
 baseline in a subprocess that writes a JSON report.  Each contract that fails there becomes an
-:class:`~pytest_zero3.expectations.Expectation` of any failure, which the expectations machinery makes a
-non-strict ``xfail`` on the candidate.  pytest then makes every outcome:
+:class:`~pytest_zero3.expectations.Expectation` of the problems it had there (their keys, the measured
+values left out), which the expectations machinery makes a non-strict ``xfail`` on the candidate.
+pytest then makes every outcome:
 
 * passes on the baseline, fails on the candidate: a plain failure, a **regression** (exit 1);
-* fails on both: XFAIL, no news;
+* fails on both with only the baseline's problems: XFAIL, no news; with a problem the baseline does not
+  have: a failure, a **regression** too;
 * fails on the baseline, passes on the candidate: XPASS, an **improvement** (exit 0).
 
 Only a failure of the baseline is expected: a contract it could not judge (unsupported, skipped, a world
@@ -147,14 +149,20 @@ def load(path: str) -> dict:
 
 
 def expected_failures(doc: dict, spec_text: str) -> dict:
-    """``{contract_id: Expectation}``: each contract that failed on the baseline, any failure expected."""
+    """``{contract_id: Expectation}``: each contract that failed on the baseline, expected to fail with
+    the problems it has there and no other (its report's ``problems``, each a key that leaves the
+    measured values out): a problem of the candidate's that the baseline does not have is a regression,
+    also inside a contract that fails on both.  A baseline report without problems expects any failure."""
     out = {}
     for row in doc["contracts"]:
         if row.get("outcome") == Outcome.FAIL.value:
             why = (row.get("reason") or "failed").splitlines()[0]
             why = why if len(why) <= 200 else why[:199] + "…"
+            keys = row.get("problems") or []
             out[row["id"]] = expectations.Expectation(
-                f"fails on the baseline {spec_text}: {why}", source="--zero3-baseline"
+                f"fails on the baseline {spec_text}: {why}",
+                match=tuple(expectations.key_pattern(k) for k in keys) or None,
+                source="--zero3-baseline",
             )
     return out
 
@@ -164,13 +172,16 @@ def rows(doc: dict | None) -> dict:
     return {row["id"]: row for row in doc["contracts"]} if doc else {}
 
 
-def verdict(candidate: str, base: str | None) -> str:
+def verdict(candidate: str, base: str | None, new_problems: bool = False) -> str:
     """How the candidate's outcome differs from the baseline's: :data:`REGRESSION` (passes there, fails
-    here), :data:`IMPROVEMENT` (the other way round), :data:`CHANGED` (another difference, e.g. a pass
-    turned unsupported), "" when they agree or either did not run."""
+    here, or fails on both with a problem the baseline does not have: ``new_problems``),
+    :data:`IMPROVEMENT` (the other way round), :data:`CHANGED` (another difference, e.g. a pass turned
+    unsupported), "" when they agree or either did not run."""
     if base is None or Outcome.NOT_RUN.value in (candidate, base):
         return ""
     if base in _PASSED and candidate in _FAILED:
+        return REGRESSION
+    if new_problems and base in _FAILED and candidate == Outcome.FAIL.value:
         return REGRESSION
     if base in _FAILED and candidate in _PASSED:
         return IMPROVEMENT

@@ -109,6 +109,8 @@ class Expectation:
     @property
     def cause(self) -> str:
         """The expected cause in words, for messages and the report ("" when any failure is expected)."""
+        if self.source == "--zero3-baseline" and self.patterns:
+            return f"has only the {len(self.patterns)} problem(s) it has on the baseline"
         parts = []
         if self.raises:
             parts.append(f"raises {self.raises}")
@@ -138,6 +140,27 @@ class Expectation:
     def matches(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the expected failure: of the listed type, and each of its problems explained."""
         return not self.unexplained(exc)
+
+
+#: What a problem's key leaves out: measured values (decimals, exponents, element counts, addresses).
+#: Integers that say where (step 2, rank 1, micro-batch 0) stay in the key.
+_VALUES = re.compile(r"0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\b\d+ of \d+ elements\b|\bnan\b|\binf\b")
+_VALUE = "<value>"
+
+
+def problem_key(problem: str) -> str:
+    """A problem's stable key: its text with the measured values left out (:data:`_VALUES`), and of a
+    rank that failed for itself only its first line (a traceback's paths and line numbers differ
+    between a fork and its upstream)."""
+    if re.match(r"rank \d+: ", problem):
+        problem = problem.splitlines()[0]
+    return _VALUES.sub(_VALUE, problem)
+
+
+def key_pattern(key: str) -> str:
+    """A regex that finds exactly the problems of ``key`` (:func:`problem_key`), whatever their values."""
+    value = r"(?:0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\d+ of \d+ elements|nan|inf)"
+    return r"\A" + re.escape(key).replace(re.escape(_VALUE), value) + r"(?:\n[\s\S]*)?\Z"
 
 
 def problems(exc: BaseException) -> list[str]:
@@ -315,7 +338,7 @@ class CauseMismatch(Failed):
             more = f"\n  ... {len(self.unexplained) - SHOWN} more" if len(self.unexplained) > SHOWN else ""
             text = (
                 f"behind the known failure of {cid} ({expectation.reason}): {len(self.unexplained)} of "
-                f"{len(every)} problems are not explained by its entry in --zero3-expect (it {expectation.cause}):\n"
+                f"{len(every)} problems are not explained by its entry in {expectation.source} (it {expectation.cause}):\n"
                 f"{shown}{more}"
             )
         else:

@@ -257,6 +257,7 @@ class Report:
             statement=statement,
             status=status.value,
             reason=reason,
+            problems=failure_problems(call) if failed else [],
             message=message if failed else "",
             expected_cause=expected.cause if expected else "",
             ranks=ranks if failed else [],
@@ -274,6 +275,7 @@ class Report:
         row = self.rows.setdefault(data["id"], _row(data["id"], data["statement"]))
         row["duration"] += rep.duration
         row["tests"].append(rep.nodeid)
+        row["problems"] += [k for k in data.get("problems", []) if k not in row["problems"]]
         if SEVERITY.index(status) < SEVERITY.index(Outcome(row["outcome"])) or len(row["tests"]) == 1:
             row.update(
                 outcome=status.value,
@@ -304,7 +306,9 @@ class Report:
             row = dict(rows[cid])
             theirs = base.get(cid)
             row["baseline"] = {k: theirs[k] for k in ("outcome", "reason", "message")} if theirs else None
-            row["verdict"] = baseline.verdict(row["outcome"], theirs["outcome"] if theirs else None)
+            row["verdict"] = baseline.verdict(
+                row["outcome"], theirs["outcome"] if theirs else None, row["reason"].startswith(BEHIND)
+            )
             out.append(row)
         return out
 
@@ -475,6 +479,20 @@ def check_writable(option: str, path) -> None:
         ) from None
 
 
+#: How a failure's reason begins where its listed cause explains some of its problems, not all.
+BEHIND = "behind its known failure"
+
+
+def failure_problems(call) -> list[str]:
+    """The keys of a failed test's problems (``expectations.problem_key``), for the report and a later
+    ``--zero3-baseline`` verdict by problem."""
+    exc = call.excinfo.value if call.excinfo is not None else None
+    cause = exc.cause if isinstance(exc, (expectations.KnownFailure, expectations.CauseMismatch)) else exc
+    if cause is None or isinstance(cause, (pytest.skip.Exception, pytest.xfail.Exception, WorldNotFormed)):
+        return []
+    return [expectations.problem_key(p) for p in expectations.problems(cause)]
+
+
 def classify(call, rep, expected):
     """``(Outcome, reason, message)`` of one contract test report, read from what pytest made of it.
 
@@ -507,7 +525,7 @@ def classify(call, rep, expected):
         if len(exc.unexplained) < len(expectations.problems(exc.cause)):
             return (
                 Outcome.FAIL,
-                f"behind its known failure, {len(exc.unexplained)} problem(s) --zero3-expect does not explain "
+                f"{BEHIND}, {len(exc.unexplained)} problem(s) {expected.source} does not explain "
                 f"(first: {exc.first_unexplained[:300]})",
                 message,
             )
@@ -539,6 +557,7 @@ def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: st
         duration=0.0,
         tests=[],
         ranks=[],
+        problems=[],
     )
 
 

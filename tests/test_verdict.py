@@ -148,3 +148,40 @@ def test_only_the_baseline_s_failures_are_expected():
     assert expected["001-a"].reason == "fails on the baseline installed: AssertionError: leaked"
     assert not expected["001-a"].from_file and expected["001-a"].cause == ""  # any failure, never strict
     assert baseline.rows(doc)["003-a"] is doc["contracts"][1]
+
+
+def test_a_problem_the_baseline_does_not_have_is_a_regression_inside_a_contract_failing_on_both():
+    """Issue 53: the baseline's failure explains the problems it had, by their keys (the measured values
+    left out), and no other: a second problem on the fork fails the run, and the verdict says regression."""
+    from pytest_zero3.fixtures import verdicts
+
+    from pytest_zero3 import expectations
+
+    def failure(*lines):
+        try:
+            verdicts.assert_clean([list(lines)], "tensor-fragment writes (offload)")
+        except AssertionError as exc:
+            return exc
+        raise AssertionError("assert_clean passed")
+
+    there = failure(
+        "step 3: safe_set_full_grad(mid.bias) raised RuntimeError: start (4) + length (4) exceeds",
+        "after step 3: safe_get_full_fp32_param of mid.weight: 45 of 91 elements differ; rel 0.0391",
+    )
+    keys = [expectations.problem_key(p) for p in expectations.problems(there)]
+    assert "mid.weight: <value> differ; rel <value>" in keys[1] and "step 3" in keys[1]  # where stays, values go
+    doc = {"contracts": [{"id": "008-b", "outcome": "fail", "reason": "AssertionError", "problems": keys}]}
+    entry = baseline.expected_failures(doc, "installed")["008-b"]
+    assert entry.cause == "has only the 2 problem(s) it has on the baseline"
+    same = failure(
+        "step 3: safe_set_full_grad(mid.bias) raised RuntimeError: start (4) + length (4) exceeds",
+        "after step 3: safe_get_full_fp32_param of mid.weight: 46 of 91 elements differ; rel 0.315",
+    )
+    assert entry.matches(same)  # other values, the same problems: no news
+    new = failure(
+        "step 3: safe_set_full_grad(mid.bias) raised RuntimeError: start (4) + length (4) exceeds",
+        "after step 1: engine.get_global_grad_norm() is 0.33, the twin's norm before clipping 0.56",
+    )
+    assert entry.unexplained(new) == [expectations.problems(new)[1]]
+    assert baseline.verdict("fail", "fail", new_problems=True) == "regression"
+    assert baseline.verdict("fail", "fail") == ""
