@@ -142,9 +142,12 @@ class Expectation:
         return not self.unexplained(exc)
 
 
-#: What a problem's key leaves out: measured values (decimals, exponents, element counts, addresses).
+#: What a problem's key leaves out: measured values (decimals, exponents, element counts, addresses,
+#: a peer's host and port).
 #: Integers that say where (step 2, rank 1, micro-batch 0) stay in the key.
-_VALUES = re.compile(r"0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\b\d+ of \d+ elements\b|\bnan\b|\binf\b")
+_VALUES = re.compile(
+    r"\[[\d.:a-fA-F]+\]:\d+|0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\b\d+ of \d+ elements\b|\bnan\b|\binf\b"
+)
 _VALUE = "<value>"
 
 
@@ -159,7 +162,9 @@ def problem_key(problem: str) -> str:
 
 def key_pattern(key: str) -> str:
     """A regex that finds exactly the problems of ``key`` (:func:`problem_key`), whatever their values."""
-    value = r"(?:0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\d+ of \d+ elements|nan|inf)"
+    value = (
+        r"(?:\[[\d.:a-fA-F]+\]:\d+|0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\d+ of \d+ elements|nan|inf)"
+    )
     return r"\A" + re.escape(key).replace(re.escape(_VALUE), value) + r"(?:\n[\s\S]*)?\Z"
 
 
