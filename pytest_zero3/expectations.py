@@ -145,9 +145,8 @@ class Expectation:
 #: What a problem's key leaves out: measured values (decimals, exponents, element counts, addresses,
 #: a peer's host and port).
 #: Integers that say where (step 2, rank 1, micro-batch 0) stay in the key.
-_VALUES = re.compile(
-    r"\[[\d.:a-fA-F]+\]:\d+|0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\b\d+ of \d+ elements\b|\bnan\b|\binf\b"
-)
+_VALUE_RE = r"\[[\d.:a-fA-F]+\]:\d+|0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\b\d+ of \d+ elements\b|\bnan\b|\binf\b"
+_VALUES = re.compile(_VALUE_RE)
 _VALUE = "<value>"
 
 
@@ -162,10 +161,7 @@ def problem_key(problem: str) -> str:
 
 def key_pattern(key: str) -> str:
     """A regex that finds exactly the problems of ``key`` (:func:`problem_key`), whatever their values."""
-    value = (
-        r"(?:\[[\d.:a-fA-F]+\]:\d+|0x[0-9a-fA-F]+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\d+ of \d+ elements|nan|inf)"
-    )
-    return r"\A" + re.escape(key).replace(re.escape(_VALUE), value) + r"(?:\n[\s\S]*)?\Z"
+    return r"\A" + re.escape(key).replace(re.escape(_VALUE), f"(?:{_VALUE_RE})") + r"(?:\n[\s\S]*)?\Z"
 
 
 def problems(exc: BaseException) -> list[str]:
@@ -338,7 +334,9 @@ class CauseMismatch(Failed):
     def __init__(self, cid: str, expectation: Expectation, cause: BaseException, unexplained=None):
         self.unexplained = list(unexplained if unexplained is not None else expectation.unexplained(cause))
         every = problems(cause)
-        if len(self.unexplained) < len(every):
+        #: How many problems the failure has, explained or not.
+        self.judged = len(every)
+        if self.behind:
             shown = "\n".join("  " + _one_line(p) for p in self.unexplained[:SHOWN])
             more = f"\n  ... {len(self.unexplained) - SHOWN} more" if len(self.unexplained) > SHOWN else ""
             text = (
@@ -348,11 +346,16 @@ class CauseMismatch(Failed):
             )
         else:
             text = (
-                f"{cid} is listed in --zero3-expect as failing because it {expectation.cause} "
+                f"{cid} is listed in {expectation.source} as failing because it {expectation.cause} "
                 f"({expectation.reason}), but it failed for another cause (above): {headline(cause)}"
             )
         super().__init__(text, pytrace=False)
         self.cause = cause
+
+    @property
+    def behind(self) -> bool:
+        """Whether the entry explains some of the failure's problems (the rest are behind it)."""
+        return len(self.unexplained) < self.judged
 
     @property
     def first_unexplained(self) -> str:

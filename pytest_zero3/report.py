@@ -307,7 +307,7 @@ class Report:
             theirs = base.get(cid)
             row["baseline"] = {k: theirs[k] for k in ("outcome", "reason", "message")} if theirs else None
             row["verdict"] = baseline.verdict(
-                row["outcome"], theirs["outcome"] if theirs else None, row["reason"].startswith(BEHIND)
+                row["outcome"], theirs["outcome"] if theirs else None, row["reason"].startswith((BEHIND, ANOTHER))
             )
             out.append(row)
         return out
@@ -479,8 +479,9 @@ def check_writable(option: str, path) -> None:
         ) from None
 
 
-#: How a failure's reason begins where its listed cause explains some of its problems, not all.
-BEHIND = "behind its known failure"
+#: How a failure's reason begins where its listed cause explains some of its problems, not all, and
+#: where it explains none: either way the failure has problems its listing does not have.
+BEHIND, ANOTHER = "behind its known failure", "failed for another cause"
 
 
 def failure_problems(call) -> list[str]:
@@ -522,7 +523,7 @@ def classify(call, rep, expected):
         listed = f"listed in --zero3-expect: {expected.reason}" if expected.from_file else expected.reason
         return Outcome.UNEXPECTED_PASS, listed, message
     if isinstance(exc, expectations.CauseMismatch):
-        if len(exc.unexplained) < len(expectations.problems(exc.cause)):
+        if exc.behind:
             return (
                 Outcome.FAIL,
                 f"{BEHIND}, {len(exc.unexplained)} problem(s) {expected.source} does not explain "
@@ -531,7 +532,7 @@ def classify(call, rep, expected):
             )
         return (
             Outcome.FAIL,
-            f"failed for another cause than --zero3-expect lists (expected: it {expected.cause}; got: {first})",
+            f"{ANOTHER} than {expected.source} lists (expected: it {expected.cause}; got: {first})",
             message,
         )
     if rep.failed:

@@ -74,6 +74,11 @@ one_run() {  # impl mode run-label
     printf "%s\t%s\t%s\t%s\t%s\n" "$(name_of "$impl")" "$mode" "$label" "$code" "$wall" >> "$OUT/times.tsv"
     echo "$label $(name_of "$impl") $mode: exit $code, ${wall} s"
 }
+every_run() {  # run-label: one run of each implementation in each mode
+    for impl in "${impls[@]}"; do
+        for mode in "${modes[@]}"; do one_run "$impl" "$mode" "$1"; done
+    done
+}
 extra=("$@")
 impls=(${SOAK_IMPLS:-reference installed})
 modes=(${SOAK_MODES:-serial n2})
@@ -81,18 +86,10 @@ if [ -z "${SOAK_SUMMARY_ONLY:-}" ]; then
     printf "impl\tmode\trun\texit\twall_s\n" > "$OUT/times.tsv"
     rm -f "$OUT/load.tsv"
     if [ -n "${SOAK_LOAD:-}" ]; then
-        for q in $(seq 1 "${SOAK_QUIET_RUNS:-1}"); do
-            for impl in "${impls[@]}"; do
-                for mode in "${modes[@]}"; do one_run "$impl" "$mode" "quiet$q"; done
-            done
-        done
+        for q in $(seq 1 "${SOAK_QUIET_RUNS:-1}"); do every_run "quiet$q"; done
         start_load
     fi
-    for run in $(seq 1 "$N"); do
-        for impl in "${impls[@]}"; do
-            for mode in "${modes[@]}"; do one_run "$impl" "$mode" "$run"; done
-        done
-    done
+    for run in $(seq 1 "$N"); do every_run "$run"; done
     stop_load
 fi
 python - "$OUT" <<'PYEOF'
