@@ -33,21 +33,21 @@ all-gather sequence across ranks (any contract fails on a rank divergence).
 
 import pytest
 from pytest_zero3.fixtures import family_003 as f
-from pytest_zero3.fixtures.verdicts import per_rank
+from pytest_zero3.fixtures import verdicts
 
 LAYER = f.LAYER_NUMEL
 BIG = 10**9
 
 
-def _assert_each_rank(results, check) -> None:
-    """``check(res)`` returns one rank's failure text or None; every rank is read, each failure named."""
+def _assert_each_rank(results, check, what: str = "adaptive prefetch") -> None:
+    """``check(res)`` returns one rank's problems (a line, a list of lines, or None); every rank is read
+    and every problem judged apart (:func:`verdicts.assert_clean`)."""
 
-    def named(rank, res):
-        error = check(res)
-        return error and f"rank {rank}: {error}"
+    def lines(res):
+        found = check(res)
+        return [found] if isinstance(found, str) else list(found or ())
 
-    message = per_rank(results, named)
-    assert not message, message
+    verdicts.assert_clean([lines(res) for res in results], what)
 
 
 def _trajectory(result):
@@ -73,9 +73,9 @@ def test_keys_accepted_and_validated(zero3_world):
                 bad.append(f"{case['overrides']} was accepted by deepspeed.initialize")
             elif case["key"] not in case["error"]:
                 bad.append(f"{case['overrides']} failed without naming {case['key']}: {case['error'][:400]}")
-        return "invalid adaptive prefetch config:\n  " + "\n  ".join(bad) if bad else None
+        return bad
 
-    _assert_each_rank(results, check)
+    _assert_each_rank(results, check, "invalid adaptive prefetch config")
 
 
 @pytest.mark.zero3_contract("003-b")
@@ -110,9 +110,14 @@ def test_same_bucket_on_every_rank_real_delay(zero3_world):
     each rank measures, the buckets and all-gathers must agree (compared after every step, and before
     every all-gather).  Needs 2 ranks (unsupported on 1)."""
     results = zero3_world.run(f.slow_rank_real_delay, 6, 0.002)
-    differ = [rank for rank, r in enumerate(results) if r["gathers"] != results[0]["gathers"]]
-    assert not differ, f"ranks {differ} issued other all-gathers than rank 0: " + "; ".join(
-        f"rank {rank}: {r['gathers']}" for rank, r in enumerate(results)
+    verdicts.assert_clean(
+        [
+            [f"issued other all-gathers than rank 0: {r['gathers']}; rank 0's: {results[0]['gathers']}"]
+            if r["gathers"] != results[0]["gathers"]
+            else []
+            for r in results
+        ],
+        "ranks disagree on the all-gathers",
     )
 
 
@@ -171,7 +176,7 @@ def test_bucket_frozen_outside_complete_trace(zero3_world):
                 moved.append(f"step {rec[0]} {rec[1]} ({rec[2]} trace): {prev[3]} -> {rec[3]}")
             prev = rec
         if moved:
-            return "bucket moved while the trace was not complete:\n  " + "\n  ".join(moved)
+            return [f"bucket moved while the trace was not complete: {line}" for line in moved]
         modes = {m for _, _, m, _ in res["fetch"]}
         if not {"record", "invalid", "complete"} <= modes:
             return f"the scenario did not visit every trace mode: {modes}"
