@@ -92,29 +92,37 @@ def test_zoo(zero3_world, zero3_zoo, contract):
         pytest.skip("the zoo needs transformers installed (pip install 'transformers>=5')")
     model = MODEL_OF[contract]
     runs = zero3_zoo.of(zero3_world, model)
-    for per_rank in runs:
-        steps = len(per_rank[0].get("steps", []))
-        assert "error" in per_rank[0] or steps > fz.STEPS, (
-            f"scenario precondition ({model}, {fz.describe(per_rank[0]['zero'])}): the probe saw {steps} "
-            f"passes, expected {fz.STEPS} training steps and the generate() forwards"
-        )
-    for per_rank in runs:
-        if "error" in per_rank[0]:
-            continue
-        label = f"{model}, {fz.describe(per_rank[0]['zero'])}"
-        assert all(fz.prefetched(r) for r in per_rank), (
-            f"scenario precondition ({label}): no hook event after the first pass gathered params ahead of its "
-            f"module: prefetch (bucket {fz.PREFETCH_BUCKET}) never ran"
-        )
-        if model == "llava":
-            held = per_rank[0]["eval_in_training"]
-            assert {"model.vision_tower", "model.multi_modal_projector"} <= set(held), (
-                f"scenario precondition ({label}): the vision tower and the projector must be in eval() while "
-                f"training; modules in eval(): {held[:8]}"
-            )
+    verdicts.assert_clean([_preconditions(model, runs, rank) for rank in range(len(runs[0]))], "scenario precondition")
     found = [[] for _ in runs[0]]  # per rank, (kind, line) over both configs
     for per_rank in runs:
         for rank, rows in enumerate(fz.problems(per_rank)):
             found[rank] += rows
     kinds = [kind for rows in found for kind, _ in rows]
     verdicts.assert_clean([[line for _, line in rows] for rows in found], f"{model} under ZeRO-3: {fz.summary(kinds)}")
+
+
+def _preconditions(model: str, runs, rank: int) -> list[str]:
+    """What must hold of one rank's runs for the zoo's rules to judge anything: the probe saw every
+    training step and the generate() forwards, prefetch ran, LLaVA's frozen tower is in eval()."""
+    out = []
+    for per_rank in runs:
+        run, label = per_rank[rank], f"{model}, {fz.describe(per_rank[rank]['zero'])}"
+        if "error" in run:
+            continue
+        steps = len(run.get("steps", []))
+        if steps <= fz.STEPS:
+            out.append(
+                f"{label}: the probe saw {steps} passes, expected {fz.STEPS} training steps and the generate() forwards"
+            )
+        if not fz.prefetched(run):
+            out.append(
+                f"{label}: no hook event after the first pass gathered params ahead of its module: prefetch (bucket "
+                f"{fz.PREFETCH_BUCKET}) never ran"
+            )
+        held = run.get("eval_in_training", [])
+        if model == "llava" and not {"model.vision_tower", "model.multi_modal_projector"} <= set(held):
+            out.append(
+                f"{label}: the vision tower and the projector must be in eval() while training; modules in eval(): "
+                f"{held[:8]}"
+            )
+    return out
