@@ -132,3 +132,13 @@ def unbitten(run, bugs: dict, group) -> dict:
     fail on the group's fork (``bugs`` maps a bug's name to a tuple of its contract first, its label last)."""
     outcomes = run.outcomes()
     return {bugs[name][-1]: outcomes.get(bugs[name][0]) for name in group if outcomes.get(bugs[name][0]) != "fail"}
+
+
+#: Breaks rule-b on 0.19.8 behind its known failures (the retention, the returned param, the stale release
+#: cache, each an executable relaxation of the rules): a module's post-backward hook no longer releases its
+#: params, which wait for the end-of-backward clean-up (a fork that defers backward releases).
+BREAK_BACKWARD_RELEASE = (
+    "runtime/zero/partitioned_param_coordinator.py",
+    "if param.ds_id in params_to_release and not param.is_external_param:",
+    "if param.ds_id in params_to_release and not param.is_external_param and forward:",
+)

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -100,3 +102,20 @@ def test_a_crash_inside_the_implementation_is_no_refusal(run_suite, tmp_path):
     run = run_suite(fork, "008-e", f"--zero3-expect={expect}", "-k", "deepcopy")
     assert run.returncode == 1 and run.outcomes() == {"008-e": "fail"}, run.stdout[-4000:]
     assert "a crash inside the implementation, not a refusal" in run.stdout, run.stdout[-4000:]
+
+
+@pytest.mark.proof  # a rule-family world on a fork: about 20 s (scripts/proofs.sh); tests/test_rule_model.py has the model's half
+def test_a_second_release_bug_behind_the_rule_familys_known_failures_fails_the_gate(run_suite, tmp_path):
+    """Why (issue 53): 0.19.8's rule-b entry once matched any "is AVAILABLE; must be partitioned" line, so
+    any new release bug of a fork of 0.19.8 read as the known PR 9003 retention.  The entry now explains
+    only violations the rule model finds legal under 0.19.8's known behaviours (executable relaxations);
+    a fork whose post-backward hooks stop releasing must go red, naming such a violation."""
+    from forks import BREAK_BACKWARD_RELEASE, copy_installed_deepspeed, edit
+
+    fork = copy_installed_deepspeed(str(tmp_path / "fork"))
+    edit(fork, *BREAK_BACKWARD_RELEASE)
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    run = run_suite(fork, "rule-b", f"--zero3-expect={expect}", "--zero3-examples=0", "--zero3-shrink=0")
+    assert run.returncode == 1 and run.outcomes() == {"rule-b": "fail"}, run.stdout[-4000:]
+    reason = run.report["contracts"][0]["reason"]
+    assert "behind its known failure" in reason and "end of backward of" in reason, reason

@@ -472,3 +472,31 @@ def test_hooks_registered_again_drop_a_half_recorded_trace():
     trace = r.Trace()
     r.judge(cfg, [first], trace)
     assert trace.mode == "invalid" and trace.recording == []
+
+
+#: 0.19.8 at reuse distance 0 with a two-layer prefetch bucket: L1's fetch walks the trace past the backward
+#: uses of w1 (skipped: gathered) and w0 (prefetched), so its release keeps w1 for its backward use.
+RETAINED = ["w0 w1~ w2~", "w1~ w2~", "w1 w2~ w0~", "w1 w2~ w0~", "w1 w2 w0~", "w1 w0~", "w1 w2 w0~", "w1 w0~"]
+RETAINED += ["w1 w0~", "w0~", "w0", ""]
+
+
+def test_a_known_behaviour_explains_exactly_its_own_violations():
+    """Issue 53: a known bug is stated as precisely as the rule, as an executable relaxation of it.  The
+    retention's violation is marked legal under it; a param kept that no relaxation keeps (w0 after L0's
+    forward, a second bug) is not, so an expectation naming the relaxation explains the first only."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=2 * N, persistence_threshold=0)
+    found = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), RETAINED)])
+    assert [(v.rule, v.event, v.param, v.legal_under) for v in found] == [
+        ("rule-b", 3, "w1", ("prefetch-skip-retention",))
+    ]
+    assert str(found[0]).endswith("[legal under: prefetch-skip-retention]")
+    second = list(RETAINED)
+    for i in range(1, 10):  # w0 also kept from its forward to its backward
+        second[i] = " ".join(["w0"] + [n for n in second[i].split() if n != "w0~"])
+    found = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), second)])
+    assert [(v.event, v.param, v.legal_under) for v in found] == [
+        (1, "w0", ()),
+        (3, "w1", ("prefetch-skip-retention",)),
+    ]
+    # a correct coordinator: no violation, and no relaxed run
+    assert r.judge(dataclass_replace(cfg, prefetch_bucket=0), [step(mlp_events(), RELEASE_ALL)] * 2) == []
