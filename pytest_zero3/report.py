@@ -252,12 +252,15 @@ class Report:
                 break
         identity: dict = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.WORLD_ERROR)
+        judged, explained = problem_counts(call, expected) if failed else (0, 0)
         rep.zero3 = dict(
             id=cid,
             statement=statement,
             status=status.value,
             reason=reason,
             problems=failure_problems(call) if failed else [],
+            judged=judged,
+            explained=explained,
             message=message if failed else "",
             expected_cause=expected.cause if expected else "",
             ranks=ranks if failed else [],
@@ -276,6 +279,8 @@ class Report:
         row["duration"] += rep.duration
         row["tests"].append(rep.nodeid)
         row["problems"] += [k for k in data.get("problems", []) if k not in row["problems"]]
+        row["judged"] += data.get("judged", 0)
+        row["explained"] += data.get("explained", 0)
         if SEVERITY.index(status) < SEVERITY.index(Outcome(row["outcome"])) or len(row["tests"]) == 1:
             row.update(
                 outcome=status.value,
@@ -411,6 +416,8 @@ class Report:
             + ", ".join(f"{counts[k.value]} {k.label}" for k in SHOWN if counts[k.value])
             + f" (of {counts['total']} checked)"
         )
+        if counts["problems_judged"]:
+            tr.write_line(problems_line(counts))
         if base_spec is not None:
             tr.write_line(verdict_line(rows, base_spec))
         covered = self.surface()
@@ -482,6 +489,23 @@ def check_writable(option: str, path) -> None:
 #: How a failure's reason begins where its listed cause explains some of its problems, not all, and
 #: where it explains none: either way the failure has problems its listing does not have.
 BEHIND, ANOTHER = "behind its known failure", "failed for another cause"
+
+
+def problem_counts(call, expected) -> tuple[int, int]:
+    """``(judged, explained)`` of a failed test: its problems, each judged apart against the contract's
+    entry (``expectations.problems``), and how many of them the entry explains (the known failure's own)."""
+    exc = call.excinfo.value if call.excinfo is not None else None
+    cause = exc.cause if isinstance(exc, (expectations.KnownFailure, expectations.CauseMismatch)) else exc
+    if cause is None or isinstance(cause, (pytest.skip.Exception, pytest.xfail.Exception, WorldNotFormed)):
+        return 0, 0
+    found = expectations.problems(cause)
+    return len(found), (len(found) - len(expected.unexplained(cause))) if expected is not None else 0
+
+
+def problems_line(counts: dict) -> str:
+    """The run's judgement in one line: problems judged one by one, and how many a known failure explains."""
+    judged, explained = counts.get("problems_judged", 0), counts.get("problems_explained", 0)
+    return f"problems: {judged} judged one by one, {explained} explained by a known failure, {judged - explained} not"
 
 
 def failure_problems(call) -> list[str]:
@@ -559,6 +583,8 @@ def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: st
         tests=[],
         ranks=[],
         problems=[],
+        judged=0,
+        explained=0,
     )
 
 
@@ -576,6 +602,8 @@ def summary(rows) -> dict:
     for row in rows:
         counts[row["outcome"]] += 1
     counts["total"] = len(rows)
+    counts["problems_judged"] = sum(row.get("judged", 0) for row in rows)
+    counts["problems_explained"] = sum(row.get("explained", 0) for row in rows)
     return counts
 
 
@@ -607,6 +635,10 @@ def markdown(doc: dict) -> str:
         lines += ["| contract | statement | result | reason |", "|---|---|---|---|"]
     for row in doc["contracts"]:
         reason = row["reason"].replace("|", "\\|").replace("\n", " ")
+        if row.get("explained"):
+            reason = f"{row['explained']} of {row['judged']} problems explained by a known failure; {reason}"
+        elif row.get("judged"):
+            reason = f"{row['judged']} problem(s); {reason}"
         result = f"**{Outcome(row['outcome']).label}**"
         if theirs:
             base = Outcome(row["baseline"]["outcome"]).label if row.get("baseline") else "-"
@@ -615,6 +647,8 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {row['id']} | {row['statement']} | {result} | {reason} |")
     s = doc["summary"]
     lines += ["", ", ".join(f"{s[k.value]} {k.label}" for k in SHOWN if s[k.value]) + f" (of {s['total']} contracts)"]
+    if s.get("problems_judged"):
+        lines += ["", problems_line(s)]
     if theirs:
         lines += ["", verdict_line(doc["contracts"], theirs["spec"])]
     if doc.get("surface"):
