@@ -24,3 +24,13 @@ def test_trainer(zero3_world):
     schedule, checkpoints, ``evaluate``, ``save_model``) must train as the same ``Trainer`` under DDP, and
     a run resumed from its checkpoint must continue as the uninterrupted one."""
     verdicts.assert_clean(zero3_world.run(fw.trainer_path), "the Trainer under ZeRO-3")
+
+
+@pytest.mark.zero3_preload("transformers", "accelerate")
+@pytest.mark.zero3_timeout(180)
+@pytest.mark.zero3_contract("fw-b")
+def test_accelerator(zero3_world):
+    """A user's accelerate loop (``Accelerator(deepspeed_plugin=...)``, the user's AdamW and warm-up
+    scheduler, ``accumulate``, ``clip_grad_norm_``, ``save_state``, ``get_state_dict``) must train as the
+    same loop under DDP, and ``load_state`` must continue it as if never stopped."""
+    verdicts.assert_clean(zero3_world.run(fw.accelerate_path), "accelerate's loop under ZeRO-3")
