@@ -150,8 +150,11 @@ def preloads(config) -> list:
 
 
 def selected(cid: str, prefixes) -> bool:
-    """Whether ``cid`` matches one of the ``--zero3-select`` prefixes (an empty list selects all)."""
-    return not prefixes or any(cid == p or cid.startswith(p.rstrip("-") + "-") or cid.startswith(p) for p in prefixes)
+    """Whether ``cid`` matches one of the ``--zero3-select`` prefixes (an empty list selects every
+    contract but the opt-in ones, :func:`pytest_zero3.registry.opt_in`)."""
+    if not prefixes:
+        return not registry.opt_in(cid)
+    return any(cid == p or cid.startswith(p.rstrip("-") + "-") or cid.startswith(p) for p in prefixes)
 
 
 def select_prefixes(config) -> list:
@@ -181,9 +184,9 @@ def select_contracts(config, items) -> None:
     :func:`check_select` (under pytest-xdist the controller checked them against the registry, before
     any worker started)."""
     prefixes = select_prefixes(config)
-    if not prefixes:
+    if not prefixes and not any(registry.opt_in(c[0]) for c in map(contract, items) if c):
         return
-    if not hasattr(config, "workerinput"):
+    if prefixes and not hasattr(config, "workerinput"):
         check_select(prefixes, {c[0] for c in map(contract, items) if c})
     keep: list = []
     drop: list = []

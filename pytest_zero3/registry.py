@@ -15,6 +15,9 @@ import os
 from pytest_zero3._compat import tomllib
 
 FIELDS = ("family", "statement", "source", "min_world_size")
+#: Fields an entry may leave out, with their value then.  ``opt_in``: the contract runs only when
+#: ``--zero3-select`` names it (a family too slow for the default run; the README says which).
+OPTIONAL = {"opt_in": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Contract:
     statement: str
     source: str
     min_world_size: int = 1
+    opt_in: bool = False
 
 
 def path() -> str:
@@ -49,11 +53,18 @@ def load(file: str = "") -> dict:
         table = tomllib.load(fh).get("contracts", {})
     out = {}
     for cid, entry in table.items():
-        problem = field_problems([f for f in FIELDS if f not in entry], sorted(set(entry) - set(FIELDS)))
+        unknown = sorted(set(entry) - set(FIELDS) - set(OPTIONAL))
+        problem = field_problems([f for f in FIELDS if f not in entry], unknown)
         if problem:
             raise ValueError(f"contracts.toml: [contracts.{cid!r}] {problem}")
-        out[cid] = Contract(cid, **{f: entry[f] for f in FIELDS})
+        out[cid] = Contract(cid, **{f: entry.get(f, OPTIONAL.get(f)) for f in (*FIELDS, *OPTIONAL)})
     return out
+
+
+def opt_in(cid: str) -> bool:
+    """Whether ``cid`` is a registered contract that runs only when ``--zero3-select`` names it."""
+    contract = load().get(cid)
+    return bool(contract and contract.opt_in)
 
 
 def family(cid: str) -> str:

@@ -107,3 +107,15 @@ def test_keyword_markers_and_not_run_rows(pytester):
         cid for cid in registry.load() if cid.startswith("000-") and cid != "000-a"
     }
     result.stdout.fnmatch_lines(["*000-b *not run*"])
+
+
+def test_opt_in_contracts_run_only_when_selected():
+    """Why: a family too slow for the default run (``opt_in = true``, the frameworks family) must neither
+    run nor show as "not run" there, and must run whenever ``--zero3-select`` names it."""
+    from pytest_zero3 import markers
+
+    opt_in = sorted(cid for cid, c in registry.load().items() if c.opt_in)
+    assert opt_in and all(registry.family(cid) == "fw" for cid in opt_in), opt_in
+    assert not any(markers.selected(cid, []) for cid in opt_in)
+    assert all(markers.selected(cid, ["fw"]) for cid in opt_in)
+    assert markers.selected(opt_in[0], [opt_in[0]]) and markers.selected("000-a", [])

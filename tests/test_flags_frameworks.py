@@ -1,0 +1,52 @@
+"""Known-bad forks for the frameworks family: 0.19.8 with one edit on a path only the frameworks take.
+
+Each is a copy of the installed deepspeed with one edit (:mod:`forks`); the frameworks family must flag
+it, naming what the user would see.  A fork run copies DeepSpeed and starts a world of its own: about
+half a minute each on 2 cores, so they run with the proofs (``--proofs``, scripts/proofs.sh).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: The engine gives a scheduler callable (what the Trainer passes when the config has an optimizer and
+#: no scheduler) the ZeRO-3 optimizer wrapper instead of the optimizer it wraps: torch's schedulers
+#: refuse it ("is not an Optimizer").  DeepSpeed's own schedules take the wrapper, so 008-l's callable
+#: (a WarmupLR) lets it through.
+SCHEDULER_GETS_WRAPPER = (
+    "runtime/engine.py",
+    "self.lr_scheduler = self.client_lr_scheduler(self.basic_optimizer)",
+    "self.lr_scheduler = self.client_lr_scheduler(self.optimizer)",
+)
+#: load_checkpoint restores only DeepSpeed's own schedules: a torch scheduler (the Trainer's, built by
+#: its callable) restarts from step 0 after transformers' deepspeed_load_checkpoint.
+LOAD_SKIPS_TORCH_SCHEDULER = (
+    "runtime/engine.py",
+    "            if load_lr_scheduler_states and self.lr_scheduler is not None:\n",
+    "            if load_lr_scheduler_states and self.lr_scheduler is not None and not isinstance(\n"
+    "                    self.lr_scheduler, torch.optim.lr_scheduler.LRScheduler):\n",
+)
+
+#: fork -> (its edit, the contract that flags it, what the failure says)
+FORKS = {
+    "scheduler-gets-wrapper": (SCHEDULER_GETS_WRAPPER, "fw-a", "DeepSpeedZeroOptimizer_Stage3 is not an Optimizer"),
+    "load-skips-torch-scheduler": (
+        LOAD_SKIPS_TORCH_SCHEDULER,
+        "fw-a",
+        "Trainer resumed from checkpoint-4: step 6 learning_rate",
+    ),
+}
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("name", FORKS)
+def test_frameworks_flag_each_fork(run_suite, tmp_path_factory, name):
+    """Why: a contract is proven only by an implementation that breaks it; each fork breaks a path only
+    the frameworks take, and the family fails on it with the user's symptom."""
+    from forks import ForkCache
+
+    change, cid, says = FORKS[name]
+    fork = ForkCache(tmp_path_factory, {name: change})(name)
+    run = run_suite(fork, "fw")
+    assert run.outcomes().get(cid) == "fail", run.stdout[-4000:]
+    assert says in run.stdout, run.stdout[-4000:]
