@@ -90,6 +90,36 @@ def test_reference_green_under_clipping_and_accumulation(run_suite, tmp_path):
     _green(run, {"base-a", "005-a", "005-d"})
 
 
+#: DeepSpeed's own autocast on fp32 weights (its Linear params gathered and reduced in bf16), with the
+#: optimizer step's keys a fork ships beside it: an fp32 accumulation dtype, two micro-batches, clipping.
+AUTOCAST = {
+    "torch_autocast": {"enabled": True, "dtype": "bfloat16"},
+    "data_types": {"grad_accum_dtype": "fp32"},
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0,
+}
+
+
+def test_reference_green_under_torch_autocast(run_suite, tmp_path):
+    """Why (issue 54): under ``torch_autocast`` every comparison with plain torch follows the config, as
+    008-h's twin did: the plain forward under bf16 autocast at bf16's tolerance (base-a's parity, 001-b's
+    losses, 004-d's reloaded logits), and ``generate()``, which runs the module outside DeepSpeed's
+    autocast, on the Linear weights rounded to bf16 as stage 3 gathers them (zoo-b: GPT-2's tokens and
+    scores; its Conv1D projections stay fp32).  Before, each compared with fp32 at fp32's tolerance."""
+    select = {"base-a", "001-b", "004-d", "zoo-b"}
+    run = run_suite("reference", ",".join(sorted(select)), f"--zero3-config={_overlay(tmp_path, AUTOCAST)}")
+    _green(run, select)
+    assert run.report["implementation"]["config_overlay"]["effective"]["torch_autocast.enabled"] is True
+
+
+def test_known_bad_coordinator_still_flagged_under_torch_autocast(run_suite, tmp_path):
+    """Why: bf16's tolerance under autocast must still catch a stale gather (a weight a step behind)."""
+    run = run_suite(
+        f"{BAD / 'stale_gather_cache.py'}:StaleGatherCache", "base-a", f"--zero3-config={_overlay(tmp_path, AUTOCAST)}"
+    )
+    assert run.outcomes().get("base-a") == "fail" and run.returncode == 1, run.stdout[-4000:]
+
+
 #: Drawn fork configs CI runs (fixtures/overlays.py): 0 is bf16 with both offloads and 4 micro-steps per
 #: step, 8 is fp32 with 3 micro-steps, clipping 1.0, reduce_scatter off and a reduce bucket of 1000
 #: elements.  The proof run draws more (scripts/proofs.sh) over the whole suite.
