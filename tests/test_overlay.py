@@ -120,9 +120,11 @@ def test_known_bad_coordinator_still_flagged_under_torch_autocast(run_suite, tmp
     assert run.outcomes().get("base-a") == "fail" and run.returncode == 1, run.stdout[-4000:]
 
 
-#: Drawn fork configs CI runs (fixtures/overlays.py): 0 is bf16 with both offloads and 4 micro-steps per
-#: step, 8 is fp32 with 3 micro-steps, clipping 1.0, reduce_scatter off and a reduce bucket of 1000
-#: elements.  The proof run draws more (scripts/proofs.sh) over the whole suite.
+#: Drawn fork configs CI runs (fixtures/overlays.py): 0 is bf16 with both offloads, 4 micro-steps per step
+#: and bf16 reductions; 8 is fp32 under DeepSpeed's torch_autocast with no
+#: safe modules, 3 micro-steps, clipping 1.0, reduce_scatter off with pre-scaling and a predivide factor of
+#: 2, fp32 reductions and a reduce bucket of 1000 elements.  The proof run draws the seeds that cover
+#: every key's values over the whole suite (scripts/draws.sh).
 CI_DRAWS = (0, 8)
 
 
@@ -134,6 +136,35 @@ def test_reference_green_under_a_drawn_fork_config(run_suite, seed):
     run = run_suite("reference", "base-a,005-a,007-a", f"--zero3-config=draw:{seed}")
     _green(run, {"base-a", "005-a", "007-a"})
     assert f"config overlay draw:{seed}" in run.stdout, run.stdout[-3000:]
+
+
+def test_the_proof_draws_cover_every_value_of_every_key_the_surface_map_lists():
+    """Why (issue 54): a draw over 13 hand-picked keys left ``torch_autocast``, ``data_types``, the
+    reduction's dtype and scaling and bf16 masters undrawn; every key of the surface map that changes the
+    twin is drawn or says why not, and the proof run's seeds draw every value of each (pure Python)."""
+    from pytest_zero3.fixtures import overlays, surface
+
+    drawn = {k.split(".")[0] for k in overlays.all_values()} | set(overlays.NOT_DRAWN)
+    changes_the_twin = {"torch_autocast", "data_types", "communication_data_type", "prescale_gradients"}
+    changes_the_twin |= {"gradient_predivide_factor", "gradient_accumulation_steps", "gradient_clipping", "bf16"}
+    assert changes_the_twin <= drawn, changes_the_twin - drawn
+    rows = surface.load()  # every key named is the surface map's
+    assert all(f"config.{k}" in rows for k in [*overlays.TOP_KEYS, *overlays.MORE_KEYS, *overlays.NOT_DRAWN])
+    seeds = overlays.covering()
+    seen = {(k, json.dumps(v, sort_keys=True)) for s in seeds for k, v in overlays.choices(s).items()}
+    for key, values in overlays.all_values().items():
+        for value in values:
+            if value is not None:
+                assert (key, json.dumps(value, sort_keys=True)) in seen, (key, value, seeds)
+    assert (
+        overlays.draw(2)["prescale_gradients"] is True
+        and overlays.draw(2)["zero_optimization"]["reduce_scatter"] is False
+    )
+    assert all(
+        not overlays.draw(s).get("prescale_gradients")
+        or overlays.draw(s)["zero_optimization"].get("reduce_scatter") is False
+        for s in range(200)
+    )  # never drawn where stage 3 refuses it
 
 
 def test_draws_replay_and_bad_seeds_are_usage_errors(pytester):
