@@ -35,8 +35,8 @@ COMMUNICATION = {
 STEP = {"gradient_clipping": 0.01, "gradient_accumulation_steps": 2}
 
 
-def _overlay(tmp_path, config: dict) -> str:
-    path = tmp_path / "fork.json"
+def _overlay(tmp_path, config: dict, name: str = "fork.json") -> str:
+    path = tmp_path / name
     path.write_text(json.dumps(config))
     return str(path)
 
@@ -175,6 +175,21 @@ def test_draws_replay_and_bad_seeds_are_usage_errors(pytester):
     assert overlays.draw(8)["gradient_accumulation_steps"] == 3
     result = pytester.runpytest("--zero3-impl=reference", "--zero3-config=draw:x", "--co")
     assert result.ret == 4 and "draw:SEED with an integer seed" in result.stderr.str(), result.stderr.str()
+
+
+def test_an_overlay_the_implementation_refuses_is_one_usage_error(run_suite, tmp_path):
+    """Why (issue 54): DeepSpeed refuses ``gradient_predivide_factor`` with reduce-scatter at
+    ``initialize``; every contract then failed with that one refusal (151 failures) where nothing was
+    judged.  One world builds one engine under the overlay first: exit 4 before any contract, naming
+    the key and the implementation's own words; the same run without the key passes."""
+    refused = {"gradient_predivide_factor": 2.0, "zero_optimization": {"reduce_scatter": True}}
+    run = run_suite("reference", "base-a,005-a", f"--zero3-config={_overlay(tmp_path, refused)}")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-4000:]
+    assert "refuses it at deepspeed.initialize" in run.stdout and "Key named: gradient_predivide_factor." in run.stdout
+    assert "gradient_predivide_factor != 1.0 is not yet supported" in run.stdout, run.stdout[-4000:]
+    assert run.report is None or not run.report.get("contracts"), run.report  # nothing ran
+    taken = {"gradient_predivide_factor": 2.0, "zero_optimization": {"reduce_scatter": False}}
+    _green(run_suite("reference", "base-a", f"--zero3-config={_overlay(tmp_path, taken, 'taken.json')}"), {"base-a"})
 
 
 @pytest.mark.parametrize(
