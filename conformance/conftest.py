@@ -18,7 +18,7 @@ from pytest_zero3.scenario import Unsupported
 #: Added to a test whose config steps DeepSpeedCPUAdam (the bf16-offload profile, or a --zero3-config that
 #: offloads the optimizer): the forkserver imports it, building DeepSpeedCPUAdam there once (under
 #: --zero3-startup-timeout, never a scenario's timeout) when scripts/install.sh has not.
-CPU_ADAM_PRELOAD = "pytest_zero3.fixtures.cpu_adam_op"
+CPU_ADAM_PRELOAD = profiles.CPU_ADAM_PRELOAD
 #: Added to every test of a run with a compile profile: dynamo's one-time set-up, paid in the forkserver.
 COMPILE_PRELOAD = "pytest_zero3.fixtures.compile_warmup"
 FIXTURES = "pytest_zero3.fixtures."

@@ -257,7 +257,37 @@ class Zero3Session:
             lines = [*lines, f"zero3 workers: {workers} (pytest-xdist, for a whole-suite run; -n 0 runs serially)"]
         return lines
 
+    def probe_config(self) -> None:
+        """``--zero3-config``: before any test (and before the baseline's run), one world builds one engine
+        of a small model under the overlay; where the implementation refuses it at ``initialize`` the
+        session is one usage error naming the key and the implementation's words
+        (:func:`pytest_zero3.fixtures.profiles.refusal`), not a failure per contract.  Only in the
+        process that runs the session (not an xdist worker: the controller probed) and not under a
+        launcher (the ranks are this process's peers); ``--collect-only`` runs nothing, so probes nothing."""
+        settings = self.settings
+        if settings is None or not settings.config or hasattr(self.config, "workerinput") or launcher.active():
+            return
+        if self.config.option.collectonly:
+            return
+        from pytest_zero3.fixtures import profiles  # lazy: loaded only by a session given --zero3-config
+
+        self.start(settings.world_size, settings)
+        with tempfile.TemporaryDirectory(prefix="zero3-probe-") as base:
+            world = World(
+                settings.world_size,
+                settings.backend,
+                settings.timeout,
+                settings.spec,
+                base,
+                preload=profiles.probe_preload(settings),
+                startup_timeout=settings.startup_timeout,
+            )
+            problem = profiles.refusal(world, settings)
+        if problem:
+            raise pytest.UsageError(problem)
+
     def pytest_sessionstart(self, session):
+        self.probe_config()
         self.run_baseline()
         self._share_zygote_with_workers()
 

@@ -6,7 +6,8 @@
 # Not in CI (about 2 min per draw and implementation on a quiet 2-core machine); CI runs the cheap half,
 # tests/test_overlay.py.
 #
-#   bash scripts/draws.sh [FIRST_SEED [COUNT]]    (default: seeds 0 to 7)
+#   bash scripts/draws.sh [FIRST_SEED [COUNT]]    (default: the seeds that together draw every value of
+#                                                  every key, overlays.covering(): 0 to 8 and 13)
 #
 # Writes proofs/draws/{reference,installed}-SEED.{txt,json} and proofs/draws/result.txt. Exit status: 1 when
 # any run failed.
@@ -16,13 +17,16 @@ cd "$(dirname "$0")/.."
 # pytest process, forkserver and rank compiles this checkout from source again).
 unset PYTHONDONTWRITEBYTECODE
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
-first=${1:-0}
-count=${2:-8}
+if [ $# -gt 0 ]; then
+    seeds=$(seq "$1" $(( $1 + ${2:-8} - 1 )))
+else
+    seeds=$(python -c 'from pytest_zero3.fixtures import overlays; print(*overlays.covering())')
+fi
 out=proofs/draws
 mkdir -p "$out"
 code=0
 : > "$out/result.txt"
-for seed in $(seq "$first" $((first + count - 1))); do
+for seed in $seeds; do
     for impl in reference installed; do
         extra=()
         if [ "$impl" = installed ]; then

@@ -35,8 +35,8 @@ COMMUNICATION = {
 STEP = {"gradient_clipping": 0.01, "gradient_accumulation_steps": 2}
 
 
-def _overlay(tmp_path, config: dict) -> str:
-    path = tmp_path / "fork.json"
+def _overlay(tmp_path, config: dict, name: str = "fork.json") -> str:
+    path = tmp_path / name
     path.write_text(json.dumps(config))
     return str(path)
 
@@ -90,9 +90,41 @@ def test_reference_green_under_clipping_and_accumulation(run_suite, tmp_path):
     _green(run, {"base-a", "005-a", "005-d"})
 
 
-#: Drawn fork configs CI runs (fixtures/overlays.py): 0 is bf16 with both offloads and 4 micro-steps per
-#: step, 8 is fp32 with 3 micro-steps, clipping 1.0, reduce_scatter off and a reduce bucket of 1000
-#: elements.  The proof run draws more (scripts/proofs.sh) over the whole suite.
+#: DeepSpeed's own autocast on fp32 weights (its Linear params gathered and reduced in bf16), with the
+#: optimizer step's keys a fork ships beside it: an fp32 accumulation dtype, two micro-batches, clipping.
+AUTOCAST = {
+    "torch_autocast": {"enabled": True, "dtype": "bfloat16"},
+    "data_types": {"grad_accum_dtype": "fp32"},
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0,
+}
+
+
+def test_reference_green_under_torch_autocast(run_suite, tmp_path):
+    """Why (issue 54): under ``torch_autocast`` every comparison with plain torch follows the config, as
+    008-h's twin did: the plain forward under bf16 autocast at bf16's tolerance (base-a's parity, 001-b's
+    losses, 004-d's reloaded logits), and ``generate()``, which runs the module outside DeepSpeed's
+    autocast, on the Linear weights rounded to bf16 as stage 3 gathers them (zoo-b: GPT-2's tokens and
+    scores; its Conv1D projections stay fp32).  Before, each compared with fp32 at fp32's tolerance."""
+    select = {"base-a", "001-b", "004-d", "zoo-b"}
+    run = run_suite("reference", ",".join(sorted(select)), f"--zero3-config={_overlay(tmp_path, AUTOCAST)}")
+    _green(run, select)
+    assert run.report["implementation"]["config_overlay"]["effective"]["torch_autocast.enabled"] is True
+
+
+def test_known_bad_coordinator_still_flagged_under_torch_autocast(run_suite, tmp_path):
+    """Why: bf16's tolerance under autocast must still catch a stale gather (a weight a step behind)."""
+    run = run_suite(
+        f"{BAD / 'stale_gather_cache.py'}:StaleGatherCache", "base-a", f"--zero3-config={_overlay(tmp_path, AUTOCAST)}"
+    )
+    assert run.outcomes().get("base-a") == "fail" and run.returncode == 1, run.stdout[-4000:]
+
+
+#: Drawn fork configs CI runs (fixtures/overlays.py): 0 is bf16 with both offloads, 4 micro-steps per step
+#: and bf16 reductions; 8 is fp32 under DeepSpeed's torch_autocast with no
+#: safe modules, 3 micro-steps, clipping 1.0, reduce_scatter off with pre-scaling and a predivide factor of
+#: 2, fp32 reductions and a reduce bucket of 1000 elements.  The proof run draws the seeds that cover
+#: every key's values over the whole suite (scripts/draws.sh).
 CI_DRAWS = (0, 8)
 
 
@@ -106,6 +138,35 @@ def test_reference_green_under_a_drawn_fork_config(run_suite, seed):
     assert f"config overlay draw:{seed}" in run.stdout, run.stdout[-3000:]
 
 
+def test_the_proof_draws_cover_every_value_of_every_key_the_surface_map_lists():
+    """Why (issue 54): a draw over 13 hand-picked keys left ``torch_autocast``, ``data_types``, the
+    reduction's dtype and scaling and bf16 masters undrawn; every key of the surface map that changes the
+    twin is drawn or says why not, and the proof run's seeds draw every value of each (pure Python)."""
+    from pytest_zero3.fixtures import overlays, surface
+
+    drawn = {k.split(".")[0] for k in overlays.all_values()} | set(overlays.NOT_DRAWN)
+    changes_the_twin = {"torch_autocast", "data_types", "communication_data_type", "prescale_gradients"}
+    changes_the_twin |= {"gradient_predivide_factor", "gradient_accumulation_steps", "gradient_clipping", "bf16"}
+    assert changes_the_twin <= drawn, changes_the_twin - drawn
+    rows = surface.load()  # every key named is the surface map's
+    assert all(f"config.{k}" in rows for k in [*overlays.TOP_KEYS, *overlays.MORE_KEYS, *overlays.NOT_DRAWN])
+    seeds = overlays.covering()
+    seen = {(k, json.dumps(v, sort_keys=True)) for s in seeds for k, v in overlays.choices(s).items()}
+    for key, values in overlays.all_values().items():
+        for value in values:
+            if value is not None:
+                assert (key, json.dumps(value, sort_keys=True)) in seen, (key, value, seeds)
+    assert (
+        overlays.draw(2)["prescale_gradients"] is True
+        and overlays.draw(2)["zero_optimization"]["reduce_scatter"] is False
+    )
+    assert all(
+        not overlays.draw(s).get("prescale_gradients")
+        or overlays.draw(s)["zero_optimization"].get("reduce_scatter") is False
+        for s in range(200)
+    )  # never drawn where stage 3 refuses it
+
+
 def test_draws_replay_and_bad_seeds_are_usage_errors(pytester):
     """A draw is a function of its seed alone; ``draw:x`` is refused before any world starts."""
     from pytest_zero3.fixtures import overlays
@@ -114,6 +175,21 @@ def test_draws_replay_and_bad_seeds_are_usage_errors(pytester):
     assert overlays.draw(8)["gradient_accumulation_steps"] == 3
     result = pytester.runpytest("--zero3-impl=reference", "--zero3-config=draw:x", "--co")
     assert result.ret == 4 and "draw:SEED with an integer seed" in result.stderr.str(), result.stderr.str()
+
+
+def test_an_overlay_the_implementation_refuses_is_one_usage_error(run_suite, tmp_path):
+    """Why (issue 54): DeepSpeed refuses ``gradient_predivide_factor`` with reduce-scatter at
+    ``initialize``; every contract then failed with that one refusal (151 failures) where nothing was
+    judged.  One world builds one engine under the overlay first: exit 4 before any contract, naming
+    the key and the implementation's own words; the same run without the key passes."""
+    refused = {"gradient_predivide_factor": 2.0, "zero_optimization": {"reduce_scatter": True}}
+    run = run_suite("reference", "base-a,005-a", f"--zero3-config={_overlay(tmp_path, refused)}")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-4000:]
+    assert "refuses it at deepspeed.initialize" in run.stdout and "Key named: gradient_predivide_factor." in run.stdout
+    assert "gradient_predivide_factor != 1.0 is not yet supported" in run.stdout, run.stdout[-4000:]
+    assert run.report is None or not run.report.get("contracts"), run.report  # nothing ran
+    taken = {"gradient_predivide_factor": 2.0, "zero_optimization": {"reduce_scatter": False}}
+    _green(run_suite("reference", "base-a", f"--zero3-config={_overlay(tmp_path, taken, 'taken.json')}"), {"base-a"})
 
 
 @pytest.mark.parametrize(
