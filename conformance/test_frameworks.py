@@ -31,6 +31,6 @@ def test_trainer(zero3_world):
 @pytest.mark.zero3_contract("fw-b")
 def test_accelerator(zero3_world):
     """A user's accelerate loop (``Accelerator(deepspeed_plugin=...)``, the user's AdamW and warm-up
-    scheduler, ``accumulate``, ``clip_grad_norm_``, ``save_state``, ``get_state_dict``) must train as the
+    scheduler, ``accumulate``, gradient clipping, ``save_state``, ``get_state_dict``) must train as the
     same loop under DDP, and ``load_state`` must continue it as if never stopped."""
     verdicts.assert_clean(zero3_world.run(fw.accelerate_path), "accelerate's loop under ZeRO-3")
