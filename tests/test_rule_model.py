@@ -500,3 +500,20 @@ def test_a_known_behaviour_explains_exactly_its_own_violations():
     ]
     # a correct coordinator: no violation, and no relaxed run
     assert r.judge(dataclass_replace(cfg, prefetch_bucket=0), [step(mlp_events(), RELEASE_ALL)] * 2) == []
+
+
+def test_a_returned_param_kept_is_legal_under_its_relaxation_only():
+    """0.19.8 never releases a param a module returns (the caller's external param) until the optimizer
+    step: each event that should have partitioned it is legal under ``returned-param-kept``, and the same
+    coordinator keeping a param nobody returns (w0 after the backward pass) is not."""
+    cfg = r.Config(
+        NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0, returns={"L1": frozenset({"w1"})}
+    )
+    kept = ["w0", "", "w1", "w1", "w1 w2", "w1", "w1 w2", "w1", "w1", "w1", "w0 w1", "w0 w1"]
+    found = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), kept)])
+    assert [(v.event, v.param, v.legal_under) for v in found] == [
+        (3, "w1", ("returned-param-kept",)),
+        (9, "w1", ("returned-param-kept",)),
+        (11, "w0", ()),
+        (11, "w1", ("returned-param-kept",)),
+    ]
