@@ -44,3 +44,13 @@ def test_trainer_peft(zero3_world):
     checkpoints without the frozen base) must train the adapters as under DDP, leave the base as loaded,
     and resume from its checkpoint as the uninterrupted run."""
     verdicts.assert_clean(zero3_world.run(fw.peft_path), "a PEFT fine-tune in the Trainer under ZeRO-3")
+
+
+@pytest.mark.zero3_preload("transformers", "accelerate", "trl")
+@pytest.mark.zero3_timeout(180)
+@pytest.mark.zero3_contract("fw-d")
+def test_trl_reference_model(zero3_world):
+    """TRL's frozen reference model (``prepare_deepspeed``: its own engine, no optimizer, ``eval()``) must
+    score as plain torch on the source weights and stay as loaded while a DPO-style policy trains beside
+    it, and the policy must train as under DDP."""
+    verdicts.assert_clean(zero3_world.run(fw.reference_path), "TRL's reference model under ZeRO-3")
