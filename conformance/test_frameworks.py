@@ -34,3 +34,23 @@ def test_accelerator(zero3_world):
     scheduler, ``accumulate``, gradient clipping, ``save_state``, ``get_state_dict``) must train as the
     same loop under DDP, and ``load_state`` must continue it as if never stopped."""
     verdicts.assert_clean(zero3_world.run(fw.accelerate_path), "accelerate's loop under ZeRO-3")
+
+
+@pytest.mark.zero3_preload("transformers", "accelerate", "peft")
+@pytest.mark.zero3_timeout(180)
+@pytest.mark.zero3_contract("fw-c")
+def test_trainer_peft(zero3_world):
+    """A PEFT LoRA fine-tune in the ``Trainer`` (gradient checkpointing, ``save_model`` of the adapters,
+    checkpoints without the frozen base) must train the adapters as under DDP, leave the base as loaded,
+    and resume from its checkpoint as the uninterrupted run."""
+    verdicts.assert_clean(zero3_world.run(fw.peft_path), "a PEFT fine-tune in the Trainer under ZeRO-3")
+
+
+@pytest.mark.zero3_preload("transformers", "accelerate", "trl")
+@pytest.mark.zero3_timeout(180)
+@pytest.mark.zero3_contract("fw-d")
+def test_trl_reference_model(zero3_world):
+    """TRL's frozen reference model (``prepare_deepspeed``: its own engine, no optimizer, ``eval()``) must
+    score as plain torch on the source weights and stay as loaded while a DPO-style policy trains beside
+    it, and the policy must train as under DDP."""
+    verdicts.assert_clean(zero3_world.run(fw.reference_path), "TRL's reference model under ZeRO-3")

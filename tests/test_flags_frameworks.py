@@ -26,6 +26,16 @@ LOAD_SKIPS_TORCH_SCHEDULER = (
     "            if load_lr_scheduler_states and self.lr_scheduler is not None and not isinstance(\n"
     "                    self.lr_scheduler, torch.optim.lr_scheduler.LRScheduler):\n",
 )
+#: save_checkpoint wrapped (a logging or timing decorator without functools.wraps): its signature no
+#: longer names exclude_frozen_parameters, which the Trainer reads with inspect.signature before it asks
+#: for it, so a PEFT fine-tune's every checkpoint carries the whole frozen base.  Every caller that passes
+#: the option itself (008-i's exclude_frozen variant) still gets it.
+SAVE_CHECKPOINT_SIGNATURE_HIDDEN = (
+    "runtime/engine.py",
+    "    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):",
+    "    @(lambda save: lambda self, *args, **kwargs: save(self, *args, **kwargs))\n"
+    "    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):",
+)
 
 #: fork -> (its edit, the contract that flags it, what the failure says)
 FORKS = {
@@ -34,6 +44,11 @@ FORKS = {
         LOAD_SKIPS_TORCH_SCHEDULER,
         "fw-a",
         "Trainer resumed from checkpoint-4: step 6 learning_rate",
+    ),
+    "save-checkpoint-signature-hidden": (
+        SAVE_CHECKPOINT_SIGNATURE_HIDDEN,
+        "fw-c",
+        "not the 16 trainable ones (exclude_frozen_parameters)",
     ),
 }
 
