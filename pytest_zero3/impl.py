@@ -257,7 +257,34 @@ def identity() -> dict:
         info.update(deepspeed=version, deepspeed_path=path, coordinator=f"{cls.__module__}.{cls.__qualname__}")
     except Exception as exc:  # reported, not fatal: the header should still print
         info["deepspeed_error"] = f"{type(exc).__name__}: {exc}"
+    seen = frameworks_seen()
+    if seen:
+        info["frameworks"] = seen
     return info
+
+
+#: The training frameworks whose ZeRO-3 paths the ``fw`` contracts drive (they import deepspeed themselves).
+FRAMEWORKS = ("transformers", "accelerate", "peft", "trl")
+
+
+def frameworks_seen() -> str:
+    """The frameworks loaded in this process and the deepspeed they import: the one in ``sys.modules``
+    (the implementation's), beside the version installed metadata reports, which transformers and
+    accelerate ask before they use deepspeed at all ("" where none is loaded)."""
+    import sys
+    from importlib import metadata
+
+    loaded = [name for name in FRAMEWORKS if name in sys.modules]
+    if not loaded:
+        return ""
+    versions = ", ".join(f"{name} {getattr(sys.modules[name], '__version__', '?')}" for name in loaded)
+    module = sys.modules.get("deepspeed")
+    where = os.path.dirname(module.__file__) if module is not None and module.__file__ else "not imported yet"
+    try:
+        meta = metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        meta = "none (the frameworks then see no deepspeed)"
+    return f"{versions}; they import deepspeed from {where}; installed metadata: {meta}"
 
 
 def describe_without_import(spec: Spec) -> dict:

@@ -273,7 +273,9 @@ class Report:
         if not data:
             return
         if data.get("identity") and not self.identity:
-            self.identity = data["identity"]
+            self.identity = dict(data["identity"])
+        if (data.get("identity") or {}).get("frameworks") and not self.identity.get("frameworks"):
+            self.identity["frameworks"] = data["identity"]["frameworks"]  # the first run that loaded them
         status = Outcome(data["status"])
         row = self.rows.setdefault(data["id"], _row(data["id"], data["statement"]))
         row["duration"] += rep.duration
@@ -356,6 +358,8 @@ class Report:
             f"coordinator: {info.get('coordinator', '?')}; torch {info.get('torch')}; "
             f"accelerator {info.get('accelerator', '?')}; backend {info['backend']}; world size {info['world_size']}"
         )
+        if info.get("frameworks"):
+            tr.write_line(f"frameworks: {info['frameworks']}")
         if self.settings.profile != ("fp32",):
             tr.write_line(f"profiles: {', '.join(self.settings.profile)}")
         if self.settings.config:
@@ -619,6 +623,8 @@ def markdown(doc: dict) -> str:
         f"{info['world_size']} ranks.",
         "",
     ]
+    if info.get("frameworks"):
+        lines += [f"Frameworks: {info['frameworks']}.", ""]
     overlay = info.get("config_overlay")
     if overlay:
         changed = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in (overlay.get("effective") or {}).items())
