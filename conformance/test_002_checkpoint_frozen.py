@@ -8,14 +8,14 @@ what the recompute gathered even when the block never gets its post-backward hoo
 and must not partition a module's params under its own running backward when the recompute runs
 the whole block (checkpoint early-stop off).
 
-Every scenario is in :mod:`pytest_zero3.fixtures.family_002`; each also counts forward calls that ran inside
+Every scenario is in :mod:`pytest_zero3.fixtures.recompute_frozen`; each also counts forward calls that ran inside
 backward, so a contract cannot pass because checkpointing silently did not recompute.
 """
 
 import importlib.util
 
 import pytest
-from pytest_zero3.fixtures import family_002 as f002
+from pytest_zero3.fixtures import recompute_frozen as f002
 from pytest_zero3.fixtures.verdicts import assert_clean
 
 
