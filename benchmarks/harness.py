@@ -25,7 +25,7 @@ def empty():
 
 
 def tiny():
-    from pytest_zero3.fixtures.baseline import tiny_steps
+    from pytest_zero3.fixtures.benchmark import tiny_steps
 
     return tiny_steps()
 

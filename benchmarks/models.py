@@ -1,45 +1,13 @@
 """Models the coordinator benchmarks train, built from code (nothing is downloaded).
 
 ``small``: the original benchmark model, ``layers`` x Linear(width, width) with GELU.
-``deep``: 24 pre-norm transformer blocks (attention + MLP, nine parameterised modules each): many
-small modules, so the coordinator's per-hook work is a large share of a step, as in real LLMs
-whose layers are split into many hooked submodules.
+``deep``: 24 pre-norm transformer blocks (:mod:`pytest_zero3.fixtures.models.transformer`, with the
+suite's other models).
 """
 
 import torch
+from pytest_zero3.fixtures.models.transformer import Transformer
 from torch import nn
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: LayerNorm, multi-head self-attention, LayerNorm, GELU MLP."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
-        self.fc1, self.fc2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-        self.act = nn.GELU()
-
-    def forward(self, x):
-        b, t, d = x.shape
-        h = self.ln1(x)
-        q, k, v = (m(h).view(b, t, self.heads, d // self.heads).transpose(1, 2) for m in (self.q, self.k, self.v))
-        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
-
-
-class Transformer(nn.Module):
-    def __init__(self, layers: int = 24, width: int = 64, heads: int = 4):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.head = nn.Linear(width, 1)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x).mean(dim=1)
 
 
 def build(name: str, args):

@@ -25,7 +25,7 @@ def worker(rank, args, store):
         from pytest_zero3 import reference_impl
 
         reference_impl.install()
-    from pytest_zero3.fixtures.rule import family_rule as f
+    from pytest_zero3.fixtures.rule import generated as f
 
     out = []
     for spec in args.specs:

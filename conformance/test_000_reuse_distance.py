@@ -6,12 +6,12 @@ gathered" until the next use prefetch saw for it; with a complete trace prefetch
 use, so with prefetch on every forward-gathered param stays until backward, whatever the distance.
 Its reuse scan also reads the *released* module's z3-leaf flag for every scanned module.
 
-Scenarios are in :mod:`pytest_zero3.fixtures.family_000`; every figure is measured on real multi-rank engines, on the
+Scenarios are in :mod:`pytest_zero3.fixtures.reuse_window`; every figure is measured on real multi-rank engines, on the
 steps that follow the trace-recording step.
 """
 
 import pytest
-from pytest_zero3.fixtures import family_000 as f
+from pytest_zero3.fixtures import reuse_window as f
 from pytest_zero3.fixtures import verdicts
 
 
@@ -82,7 +82,7 @@ def test_window_scan_uses_each_modules_leaf_flag(zero3_world, model, layers):
     non-leaf containers in the window of a leaf count their children's params once more per nesting
     level (too little is kept).
     Prefetch is off so only the scan decides; the distance is a few Linear(64,64) layers (see the
-    models' docstrings in fixtures/family_000.py)."""
+    models' docstrings in fixtures/reuse_window.py)."""
     results = zero3_world.run(f.release_rule, model, layers, 0)
     verdicts.assert_clean(results, f"{model} model, prefetch off: forward releases differ from the reuse-distance rule")
 

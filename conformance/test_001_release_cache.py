@@ -11,7 +11,7 @@ be seen from outside: weak references, ``ds_status`` of real parameters, losses,
 """
 
 import pytest
-from pytest_zero3.fixtures import family_001 as f
+from pytest_zero3.fixtures import release_cache as f
 from pytest_zero3.fixtures import verdicts
 
 # One run of each route, three steps each: step 1 of a run sees the old trace (and invalidates it),

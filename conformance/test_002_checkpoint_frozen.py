@@ -8,14 +8,15 @@ what the recompute gathered even when the block never gets its post-backward hoo
 and must not partition a module's params under its own running backward when the recompute runs
 the whole block (checkpoint early-stop off).
 
-Every scenario is in :mod:`pytest_zero3.fixtures.family_002`; each also counts forward calls that ran inside
+Every scenario is in :mod:`pytest_zero3.fixtures.recompute_frozen`; each also counts forward calls that ran inside
 backward, so a contract cannot pass because checkpointing silently did not recompute.
 """
 
 import importlib.util
 
 import pytest
-from pytest_zero3.fixtures import family_002 as f002
+from pytest_zero3.fixtures import recompute_frozen as f002
+from pytest_zero3.fixtures.models.checkpointed import NON_REENTRANT, REENTRANT
 from pytest_zero3.fixtures.verdicts import assert_clean
 
 
@@ -35,7 +36,7 @@ def _finite(result):
 @pytest.mark.zero3_contract("002-a")
 def test_frozen_params_survive_non_reentrant_recompute(zero3_world):
     """The PR 8130 MRE: a recompute must see the frozen LayerNorm weight/bias at the shape checkpoint saved."""
-    results = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("norm",), steps=4)
+    results = zero3_world.run(f002.checkpoint_training, NON_REENTRANT, frozen=("norm",), steps=4)
     froze = lambda r: [] if r["frozen"] else ["the scenario froze nothing"]  # noqa: E731
     assert_clean(_judged(results, _recomputed, froze, _finite), "checkpointed training with frozen norms")
 
@@ -44,7 +45,7 @@ def test_frozen_params_survive_non_reentrant_recompute(zero3_world):
 @pytest.mark.zero3_contract("002-b")
 def test_everything_released_after_each_backward(zero3_world, gas):
     """Frozen params the recompute gathered belong to the backward that needed them: released with it."""
-    results = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("norm",), steps=2, gas=gas)
+    results = zero3_world.run(f002.checkpoint_training, NON_REENTRANT, frozen=("norm",), steps=2, gas=gas)
     assert_clean(_judged(results, _recomputed, f002.released_problems), "state not released after backward")
 
 
@@ -52,7 +53,7 @@ def test_everything_released_after_each_backward(zero3_world, gas):
 def test_no_grad_block_input_released_across_micro_batches(zero3_world):
     """The PR 8130 review case: such a block never gets its post-backward hook, so the recompute's
     gathers must be released at the end of backward, not left until the optimizer step."""
-    results = zero3_world.run(f002.checkpoint_training, f002.NON_REENTRANT, frozen=("stem", "norm"), steps=2, gas=2)
+    results = zero3_world.run(f002.checkpoint_training, NON_REENTRANT, frozen=("stem", "norm"), steps=2, gas=2)
     assert_clean(_judged(results, _recomputed, f002.released_problems), "state not released after backward")
 
 
@@ -60,7 +61,7 @@ def test_no_grad_block_input_released_across_micro_batches(zero3_world):
 def test_reentrant_checkpointing_keeps_working(zero3_world):
     """The fix for the non-reentrant path must not break the reentrant one (its recompute runs in a
     nested backward, also with a graph task id)."""
-    results = zero3_world.run(f002.checkpoint_training, f002.REENTRANT, frozen=("norm",), steps=4)
+    results = zero3_world.run(f002.checkpoint_training, REENTRANT, frozen=("norm",), steps=4)
     assert_clean(_judged(results, _recomputed, _finite, f002.released_problems), "state not released after backward")
 
 
@@ -99,7 +100,5 @@ def test_checkpointed_run_matches_unchecked_and_plain_torch(zero3_world):
 def test_recompute_without_early_stop(zero3_world, frozen):
     """A full-block recompute re-runs the post-hook of the module whose backward is about to use its
     params: partitioning them there breaks AccumulateGrad ("size of tensor a (0) must match ...")."""
-    results = zero3_world.run(
-        f002.checkpoint_training, f002.NON_REENTRANT, frozen=frozen, steps=3, gas=2, early_stop=False
-    )
+    results = zero3_world.run(f002.checkpoint_training, NON_REENTRANT, frozen=frozen, steps=3, gas=2, early_stop=False)
     assert_clean(_judged(results, _recomputed, _finite, f002.released_problems), "state not released after backward")

@@ -10,7 +10,7 @@ collectives, a hang); samples taken while the trace was recorded pushed the buck
 value outside the bounds was never clamped.  deepspeed 0.19.8 lacks the feature: its ZeRO config
 rejects the keys, and every contract here reports ``unsupported: 003`` for it.
 
-Observation surface (the smallest that works on any implementation; see fixtures/family_003.py):
+Observation surface (the smallest that works on any implementation; see fixtures/adaptive_prefetch.py):
 
 * **config keys** at ``deepspeed.initialize``: all contracts.  Rejected as unknown keys → unsupported.
 * **all-gathers issued**, per rank and step (output numel of each ``torch.distributed``
@@ -32,7 +32,7 @@ all-gather sequence across ranks (any contract fails on a rank divergence).
 """
 
 import pytest
-from pytest_zero3.fixtures import family_003 as f
+from pytest_zero3.fixtures import adaptive_prefetch as f
 from pytest_zero3.fixtures import verdicts
 
 LAYER = f.LAYER_NUMEL

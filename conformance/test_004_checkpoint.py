@@ -4,14 +4,14 @@ The checkpoint failure ZeRO-3 users file most: a save that writes the ``torch.Si
 placeholders as the model ("size mismatch ... copying a param with shape torch.Size([0]) from
 checkpoint", DeepSpeed issue 1394, transformers issue 20082), or a reload that fails or loads
 wrongly.  Each contract saves through one of DeepSpeed's public paths on a real engine and compares
-what comes back with the weights the run trained.  Scenarios: :mod:`pytest_zero3.fixtures.family_004`.
+what comes back with the weights the run trained.  Scenarios: :mod:`pytest_zero3.fixtures.checkpoints`.
 """
 
 import copy
 import importlib.util
 
 import pytest
-from pytest_zero3.fixtures import family_004 as f004
+from pytest_zero3.fixtures import checkpoints as f004
 from pytest_zero3.fixtures import profiles, verdicts
 
 

@@ -5,11 +5,11 @@ users find it weeks later in their step time.  These contracts count that work i
 depend on the machine's speed or load (collectives issued and elements all-gathered, Python lines
 executed, hooks registered, hook calls made), so they hold on a busy CI runner.  Each has a
 known-bad implementation that the rest of the suite lets through: tests/flags.py (coordinators) and
-tests/test_flags_006.py (DeepSpeed forks).  Scenarios: :mod:`pytest_zero3.fixtures.family_006`.
+tests/test_flags_006.py (DeepSpeed forks).  Scenarios: :mod:`pytest_zero3.fixtures.cost`.
 """
 
 import pytest
-from pytest_zero3.fixtures import family_006 as f6
+from pytest_zero3.fixtures import cost as f6
 from pytest_zero3.fixtures.verdicts import assert_clean
 
 

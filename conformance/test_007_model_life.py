@@ -7,11 +7,11 @@ build models from class hierarchies of their own, and resize embeddings or assig
 judges it by parity with a plain-torch twin (losses, every trainable param's gradient after every
 backward, final weights) and (007-a to 007-c) by the rule model over every hook event; a change the
 engine cannot honour may instead be refused by an error that says what to do (007-d).
-Scenarios: :mod:`pytest_zero3.fixtures.family_007`.
+Scenarios: :mod:`pytest_zero3.fixtures.model_life`.
 """
 
 import pytest
-from pytest_zero3.fixtures import family_007 as f7
+from pytest_zero3.fixtures import model_life as f7
 from pytest_zero3.fixtures.verdicts import assert_clean
 
 

@@ -6,7 +6,7 @@ of the same model, seed and global batches (the twin, ``pytest_zero3.fixtures.tw
 step the engine must be back to its resting state: non-persistent params partitioned, persistent
 params gathered, no module claiming a param.
 
-Tolerance (``pytest_zero3.fixtures.family_base.RTOL``/``ATOL`` = 1e-5 / 1e-6, elementwise, on the rank-averaged
+Tolerance (``pytest_zero3.fixtures.parity.RTOL``/``ATOL`` = 1e-5 / 1e-6, elementwise, on the rank-averaged
 losses and on every final gathered weight, 10 steps of AdamW lr 1e-2): ZeRO-3 computes two
 half-batch gradients and averages them where plain torch computes one full-batch gradient, so the
 two differ by fp32 rounding, which Adam's normalisation carries into the weights.  Measured on
@@ -20,7 +20,7 @@ training steps and takes about a second per engine on a 2-core CPU box.
 """
 
 import pytest
-from pytest_zero3.fixtures import family_base as fb
+from pytest_zero3.fixtures import parity as fb
 from pytest_zero3.fixtures import verdicts
 from pytest_zero3.fixtures.models import linear_numel
 from pytest_zero3.fixtures.models.extra import FIRST_BLOCK_LEAF_THRESHOLD

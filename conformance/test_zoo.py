@@ -10,7 +10,7 @@ from the recorded training pass, and persistent norms next to partitioned matric
 One contract per model: each model is a shape of real training, and a fork's failure names the model
 it breaks (the message names the rule, the pass and the param; the expectations file pins the cause
 per model).  Each contract checks, at reuse distances 0 and 2000 with a prefetch bucket of 1000
-elements (:mod:`pytest_zero3.fixtures.family_zoo`):
+elements (:mod:`pytest_zero3.fixtures.zoo_generate`):
 
 * every hook event of the 3 training steps and of every ``generate()`` forward, on every rank, against
   the rule model (:func:`pytest_zero3.fixtures.rule.rules.judge`, the ``rule`` family's rules a-g);
@@ -27,10 +27,10 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from pytest_zero3.fixtures import family_zoo as fz
 from pytest_zero3.fixtures import verdicts
+from pytest_zero3.fixtures import zoo_generate as fz
 
-#: The model each contract runs (fixtures/zoo.py).
+#: The model each contract runs (fixtures/models/zoo.py).
 MODEL_OF = {"zoo-a": "llama", "zoo-b": "gpt2", "zoo-c": "t5", "zoo-d": "mixtral", "zoo-e": "llava"}
 
 

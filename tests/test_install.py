@@ -149,7 +149,7 @@ def test_wheel_adds_only_pytest_zero3(tmp_path):
         "pytest_zero3/conformance/contracts.toml",
         "pytest_zero3/conformance/expectations/deepspeed-0.19.8.toml",
         "pytest_zero3/conformance/test_baseline.py",
-        "pytest_zero3/fixtures/family_000.py",
+        "pytest_zero3/fixtures/reuse_window.py",
         "pytest_zero3/reference_impl/install.py",
         "pytest_zero3/plugin.py",
         "pytest_zero3/py.typed",

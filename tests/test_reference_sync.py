@@ -18,8 +18,8 @@ import time
 
 import torch
 from pytest_zero3.fixtures import engine as eng
+from pytest_zero3.fixtures.adaptive_prefetch import LAYER_NUMEL, adaptive_config
 from pytest_zero3.fixtures.config import MICRO_BATCH
-from pytest_zero3.fixtures.family_003 import LAYER_NUMEL, adaptive_config
 from pytest_zero3.fixtures.models import MLP, WIDTH
 
 from pytest_zero3 import scenario

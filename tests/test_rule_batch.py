@@ -97,19 +97,19 @@ def test_axes_are_drawn_spelled_one_way_and_put_into_the_config():
     assert rule_batch.load_replay(literal)[0]["axes"] == ["bf16", "zinit"]
 
     from pytest_zero3.fixtures import profiles
-    from pytest_zero3.fixtures.rule import family_rule
+    from pytest_zero3.fixtures.rule import generated
 
     example = rule_batch.spec(["linear"], {"stage3_prefetch_bucket_size": 20}, axes=["bf16", "offload_param"])
-    config = family_rule.config_of(example, 2)
+    config = generated.config_of(example, 2)
     assert config["bf16"] == {"enabled": True}
     assert config["zero_optimization"]["offload_param"] == {"device": "cpu"}
     assert config["zero_optimization"]["stage3_prefetch_bucket_size"] == 20
     assert "offload_optimizer" not in config["zero_optimization"] and config["optimizer"]["params"]["torch_adam"]
-    assert family_rule.tolerance(profiles.dtype_of(config)) == profiles.TOLERANCE["bf16"]
-    plain = family_rule.config_of(rule_batch.spec(["linear"], {}), 2)
+    assert generated.tolerance(profiles.dtype_of(config)) == profiles.TOLERANCE["bf16"]
+    plain = generated.config_of(rule_batch.spec(["linear"], {}), 2)
     assert "bf16" not in plain and "offload_param" not in plain["zero_optimization"]
-    assert family_rule.tolerance(profiles.dtype_of(plain)) == (family_rule.PARITY_RTOL, family_rule.PARITY_ATOL)
-    assert "axes: bf16 weights" in family_rule.reproducer(example)
+    assert generated.tolerance(profiles.dtype_of(plain)) == (generated.PARITY_RTOL, generated.PARITY_ATOL)
+    assert "axes: bf16 weights" in generated.reproducer(example)
 
 
 @pytest.mark.parametrize(

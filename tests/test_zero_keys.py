@@ -100,10 +100,10 @@ def test_the_draw_spans_each_domain_and_is_legal_where_it_runs():
     drawn = _drawn()
     extra = {k for s in drawn for k in s["zero"] if k not in rule_batch.CORE}
     assert extra == set(zero_keys.table(_installed(), gpu=False).keys()) - set(rule_batch.CORE), extra
-    from pytest_zero3.fixtures.rule import family_rule
+    from pytest_zero3.fixtures.rule import generated
 
     for s in drawn:
-        zero = family_rule.config_of(s, s["ranks"])["zero_optimization"]
+        zero = generated.config_of(s, s["ranks"])["zero_optimization"]
         hpz = zero.get("zero_hpz_partition_size", 1)
         assert hpz != 1 or "zero_hpz_partition_size" not in s["zero"], "hpZ drawn at its default"
         assert s["ranks"] % hpz == 0
@@ -111,8 +111,8 @@ def test_the_draw_spans_each_domain_and_is_legal_where_it_runs():
         assert zero.get("reduce_bucket_size", 1) >= 1
     # replayed at another size (a shrink to fewer ranks), a partition size is cut to a divisor
     example = rule_batch.spec(["linear"], {"zero_hpz_partition_size": 4}, ranks=4)
-    assert family_rule.config_of(example, 2)["zero_optimization"]["zero_hpz_partition_size"] == 2
-    assert family_rule.config_of(example, 3)["zero_optimization"]["zero_hpz_partition_size"] == 1
+    assert generated.config_of(example, 2)["zero_optimization"]["zero_hpz_partition_size"] == 2
+    assert generated.config_of(example, 3)["zero_optimization"]["zero_hpz_partition_size"] == 1
 
 
 def _covering(n: int) -> list:

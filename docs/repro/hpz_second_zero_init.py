@@ -6,7 +6,7 @@ handed one, and ``_create_zero_param_parallel_group`` asserts that it is unset: 
 policy) builds, the second (its reference model, a ``from_pretrained`` nested in a model's constructor)
 raises ``AssertionError: ZeRO parameter intra parallel group is already initialized``.  DeepSpeed issue
 4901 (open); PR 8361 (open) reuses a group of the same size.  The rule family builds many engines per
-process, so it forgets the group before each example (``family_rule._forget_hpz_group``), as a fresh
+process, so it forgets the group before each example (``rule.generated._forget_hpz_group``), as a fresh
 process would.
 
 Run: DS_ACCELERATOR=cpu python hpz_second_zero_init.py   (two processes, gloo)
