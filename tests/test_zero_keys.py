@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 from forks import copy_installed_deepspeed, edit
+from pytest_zero3.fixtures.config import ABOVE_ANY_MODEL
 from pytest_zero3.fixtures.rule import rule_batch, zero_keys
 
 from conftest import ROOT
@@ -109,6 +110,8 @@ def test_the_draw_spans_each_domain_and_is_legal_where_it_runs():
         assert s["ranks"] % hpz == 0
         assert zero.get("stage3_module_granularity_threshold", 0) < rule_batch.root_granularity(s)
         assert zero.get("reduce_bucket_size", 1) >= 1
+    # at most ABOVE_ANY_MODEL: stage 3 allocates its gradient bucket at full size, and every run fills it
+    assert max(zero_keys.choices("reduce_bucket_size", "size", 8, 2)) == ABOVE_ANY_MODEL
     # replayed at another size (a shrink to fewer ranks), a partition size is cut to a divisor
     example = rule_batch.spec(["linear"], {"zero_hpz_partition_size": 4}, ranks=4)
     assert family_rule.config_of(example, 2)["zero_optimization"]["zero_hpz_partition_size"] == 2
