@@ -17,6 +17,7 @@ does not fire or a misplaced partition moves a value by far more.
 import pytest
 from pytest_zero3.fixtures import checkpoints, gradient_path, module_outputs, parity, rewrap, verdicts
 from pytest_zero3.fixtures import gathered_parameters as gp
+from pytest_zero3.fixtures.config import ABOVE_ANY_MODEL
 
 
 @pytest.mark.zero3_contract("005-a")
@@ -60,7 +61,7 @@ def test_gradient_path(zero3_world):
     """Every weight and bias of the model has an odd number of elements (uneven partitions), with
     two micro-batches per step, a reduce bucket smaller than one param (each gradient reduced alone)
     and one larger than the model (all reduced together)."""
-    variants = [(10, 2), (100_000_000, 2)]
+    variants = [(10, 2), (ABOVE_ANY_MODEL, 2)]
     results = zero3_world.run(gradient_path.gradient_paths, variants)
     verdicts.assert_clean(results, "the stage-3 gradient path")
 

@@ -204,7 +204,8 @@ def options_table() -> str:
     lines = ["| option | ini setting | default | meaning |", "|---|---|---|---|"]
     for opt in options.OPTIONS:
         flag = opt.flag if opt.switch else f"{opt.flag}={opt.metavar or '|'.join(opt.choices or ())}"
-        lines.append(f"| {_code(flag)} | `{opt.ini}` | {_default(opt.default)} | {_cell(opt.help)} |")
+        default = ("on" if opt.default else "off") if opt.metavar == "on|off" else opt.default
+        lines.append(f"| {_code(flag)} | `{opt.ini}` | {_default(default)} | {_cell(opt.help)} |")
     return "\n".join(lines)
 
 

@@ -109,6 +109,22 @@ def _flag(value: Any) -> bool:
     raise ValueError(f"give true or false, not {value!r}")
 
 
+def _on_off(flag: str) -> Callable[[Any], bool]:
+    """``on``/``off`` (true/false and kin too, as an ini file writes them) for ``flag``; the error names
+    the fix, since a bare flag before a path takes the path as its value."""
+
+    def parse(value: Any) -> bool:
+        try:
+            return _flag(value)
+        except ValueError:
+            raise ValueError(
+                f"give on or off, not {value!r} ({flag}=off turns it off; a bare {flag} takes the next "
+                f"argument as its value: write {flag}=on before a path)"
+            ) from None
+
+    return parse
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One option: ``--zero3-NAME``, ini ``zero3_NAME``, :class:`Settings` field ``NAME``."""
@@ -120,6 +136,7 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     switch: bool = False  # a command-line flag with no value (true/false in an ini file)
+    bare: Any = None  # the value of the flag given without one (its value is optional), e.g. True
     path: bool = False  # a relative ini value is relative to the ini file's directory
     ini_type: Literal["string", "int", "float", "bool"] = (
         "string"  # the native TOML type under pytest's own [tool.pytest] table
@@ -222,12 +239,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "poison",
-        _flag,
-        False,
-        "Fill the memory torch leaves uninitialised with NaN in every rank (torch's deterministic fill), so a "
-        "bug that reads padding or an unwritten buffer fails every run, not by the allocator's luck; about "
-        "2-3x a contract's time.",
-        switch=True,
+        _on_off("--zero3-poison"),
+        True,
+        "Fill the memory torch leaves uninitialised with NaN (integers with their largest value) in every "
+        "rank, so a bug that reads padding or an unwritten buffer fails every run, not by the allocator's "
+        "luck: on (default) or off.",
+        metavar="on|off",
+        bare=True,
         ini_type="bool",
     ),
     Option(
@@ -292,6 +310,17 @@ def add_options(parser: pytest.Parser) -> None:
     for opt in OPTIONS:
         if opt.switch:
             group.addoption(opt.flag, dest=opt.ini, action="store_true", default=None, help=opt.help)
+        elif opt.bare is not None:
+            group.addoption(
+                opt.flag,
+                dest=opt.ini,
+                nargs="?",
+                const=opt.bare,
+                type=_argparse_type(opt),
+                default=None,
+                metavar=opt.metavar,
+                help=opt.help,
+            )
         else:
             group.addoption(
                 opt.flag,

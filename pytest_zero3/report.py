@@ -120,7 +120,7 @@ class Report:
             lines.append(f"zero3: coordinator={settings.spec.module}:{settings.spec.cls_name}")
         if settings.baseline is not None:
             lines.append(f"zero3: baseline={settings.baseline.text} ({settings.baseline.label}), judged against it")
-        if settings.profile != ("fp32",) or settings.config or settings.poison:
+        if settings.profile != ("fp32",) or settings.config or not settings.poison:
             from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
 
             lines.append("zero3: " + profiles.report_header(settings))

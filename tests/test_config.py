@@ -116,6 +116,7 @@ def test_an_ini_impl_is_resolved_against_the_ini_files_directory(value, expected
         ("select", "000,,001", "no empty entry"),
         ("backend", "NCCL", "or a torch.distributed backend's name such as gloo, nccl"),
         ("strict", "maybe", "give true or false"),
+        ("poison", "maybe", "give on or off, not 'maybe' (--zero3-poison=off turns it off"),
         ("shrink", "-1", "give at least 0 worlds"),
         ("impl", " ", "give a value"),
     ],
@@ -125,6 +126,41 @@ def test_every_value_is_checked_by_its_option(name, value, message):
     (opt,) = [o for o in options.OPTIONS if o.name == name]
     with pytest.raises(ValueError, match=re.escape(message)):
         opt.parse(value)
+
+
+POISON_OFF = "zero3: profiles: fp32; uninitialised memory not filled with NaN (--zero3-poison=off)"
+
+
+@pytest.mark.parametrize(
+    "args, ini, off",
+    [
+        ((), "", False),
+        (("--zero3-poison",), "", False),  # the bare flag of earlier releases: on, as the default
+        (("--zero3-poison=on",), "", False),
+        (("--zero3-poison=off",), "", True),
+        (("--zero3-poison", "off"), "", True),
+        ((), "zero3_poison = off\n", True),
+        (("--zero3-poison=on",), "zero3_poison = false\n", False),  # the command line wins
+    ],
+)
+def test_poison_is_on_unless_turned_off_and_off_is_named(pytester, args, ini, off):
+    """Why: a gate that leaves uninitialised memory as the allocator hands it sees a padding read only by
+    luck, so every run fills it unless told not to, and a run told not to says so in its header."""
+    if ini:
+        (pytester.path / "tox.ini").write_text("[pytest]\n" + ini)
+    pytester.makepyfile(test_trivial=TRIVIAL)
+    result = pytester.runpytest_inprocess("test_trivial.py", "--zero3-impl=installed", "--co", *args)
+    assert result.ret == 0, result.outlines
+    assert (POISON_OFF in result.stdout.str()) is off, result.outlines
+
+
+def test_a_bare_poison_flag_before_a_path_is_a_usage_error_naming_the_fix(pytester):
+    """Why: the flag's value is optional, so a bare ``--zero3-poison`` takes the next argument; a path
+    there must say how to write it, not run without the path."""
+    pytester.makepyfile(test_trivial=TRIVIAL)
+    result = pytester.runpytest_inprocess("--zero3-poison", "test_trivial.py")
+    assert result.ret == USAGE
+    assert "write --zero3-poison=on before a path" in result.stderr.str()
 
 
 def test_bad_values_are_usage_errors_before_collection_and_ini_ones_only_where_the_plugin_is_used(pytester):

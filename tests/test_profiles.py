@@ -86,12 +86,18 @@ def test_profiles_show_in_test_ids_and_default_ids_stay(run_pytest):
 
 
 def test_report_header_and_implementation_fields(tmp_path):
-    """What the report shows: the profiles, and the overlay file with the keys it sets."""
+    """What the report shows: the profiles, the overlay file with the keys it sets, and poisoned memory
+    (named in the header only where it is off, the weaker gate)."""
     from types import SimpleNamespace
 
-    settings = SimpleNamespace(profile=("fp32",), config=None, world_size=2, poison=False)
+    settings = SimpleNamespace(profile=("fp32",), config=None, world_size=2, poison=True)
     assert profiles.report_header(settings) == "profiles: fp32"
-    assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None}
+    assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None, "poison": True}
+    off = SimpleNamespace(profile=("fp32",), config=None, world_size=2, poison=False)
+    assert (
+        profiles.report_header(off) == "profiles: fp32; uninitialised memory not filled with NaN (--zero3-poison=off)"
+    )
+    assert profiles.report_implementation(off)["poison"] is False
     assert profiles.summary_line(settings) == ""
     user = {"bf16": {"enabled": True}, "gradient_accumulation_steps": 2, "optimizer": {"type": "Adam"}}
     (tmp_path / "ds.json").write_text(json.dumps(user))
