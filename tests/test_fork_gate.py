@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from forks import KNOWN_BADS
 
 from conftest import ROOT
 
@@ -136,4 +137,27 @@ def test_a_second_release_bug_behind_known_failures_fails_the_gate(run_suite, tm
         if mode == "expect":
             assert "behind its known failure" in rows[cid]["reason"], (cid, rows[cid]["reason"])
         else:
+            assert rows[cid]["verdict"] == "regression", (cid, rows[cid]["verdict"], rows[cid]["reason"])
+
+
+@pytest.mark.proof  # a fork's contracts, twice in baseline mode: minutes each (scripts/proofs.sh)
+@pytest.mark.parametrize("mode", ["expect", "baseline"])
+@pytest.mark.parametrize("name", list(KNOWN_BADS))
+def test_a_second_bug_behind_each_known_failure_fails_the_gate(run_suite, tmp_path, mode, name):
+    """Why (issue 53, item 7): each entry of 0.19.8's file must explain its own bug only.  Each known-bad
+    of tests/forks.py KNOWN_BADS is 0.19.8 with a second bug that the listed tests reach; each of those
+    contracts must fail, with 0.19.8's file and against the installed 0.19.8 as baseline."""
+    from forks import copy_installed_deepspeed, edit
+
+    change, contracts, extra = KNOWN_BADS[name]
+    fork = copy_installed_deepspeed(str(tmp_path / "fork"))
+    edit(fork, *change)
+    expect = ROOT / "conformance" / "expectations" / "deepspeed-0.19.8.toml"
+    option = f"--zero3-expect={expect}" if mode == "expect" else "--zero3-baseline=installed"
+    run = run_suite(fork, ",".join(contracts), option, "--zero3-examples=0", "--zero3-shrink=0", *extra)
+    assert run.returncode == 1, run.stdout[-4000:]
+    rows = {c["id"]: c for c in run.report["contracts"]}
+    assert {cid: rows[cid]["outcome"] for cid in contracts} == dict.fromkeys(contracts, "fail"), run.stdout[-4000:]
+    if mode == "baseline":
+        for cid in contracts:
             assert rows[cid]["verdict"] == "regression", (cid, rows[cid]["verdict"], rows[cid]["reason"])
