@@ -495,12 +495,21 @@ def check_writable(option: str, path) -> None:
 BEHIND, ANOTHER = "behind its known failure", "failed for another cause"
 
 
-def problem_counts(call, expected) -> tuple[int, int]:
-    """``(judged, explained)`` of a failed test: its problems, each judged apart against the contract's
-    entry (``expectations.problems``), and how many of them the entry explains (the known failure's own)."""
+def _judged_cause(call) -> BaseException | None:
+    """The failure a contract test's problems are read from: the test's own exception (the cause an
+    expectation wrapped), none for a skip, an xfail or a world that never formed."""
     exc = call.excinfo.value if call.excinfo is not None else None
     cause = exc.cause if isinstance(exc, (expectations.KnownFailure, expectations.CauseMismatch)) else exc
     if cause is None or isinstance(cause, (pytest.skip.Exception, pytest.xfail.Exception, WorldNotFormed)):
+        return None
+    return cause
+
+
+def problem_counts(call, expected) -> tuple[int, int]:
+    """``(judged, explained)`` of a failed test: its problems, each judged apart against the contract's
+    entry (``expectations.problems``), and how many of them the entry explains (the known failure's own)."""
+    cause = _judged_cause(call)
+    if cause is None:
         return 0, 0
     found = expectations.problems(cause)
     return len(found), (len(found) - len(expected.unexplained(cause))) if expected is not None else 0
@@ -515,11 +524,8 @@ def problems_line(counts: dict) -> str:
 def failure_problems(call) -> list[str]:
     """The keys of a failed test's problems (``expectations.problem_key``), for the report and a later
     ``--zero3-baseline`` verdict by problem."""
-    exc = call.excinfo.value if call.excinfo is not None else None
-    cause = exc.cause if isinstance(exc, (expectations.KnownFailure, expectations.CauseMismatch)) else exc
-    if cause is None or isinstance(cause, (pytest.skip.Exception, pytest.xfail.Exception, WorldNotFormed)):
-        return []
-    return [expectations.problem_key(p) for p in expectations.problems(cause)]
+    cause = _judged_cause(call)
+    return [] if cause is None else [expectations.problem_key(p) for p in expectations.problems(cause)]
 
 
 def classify(call, rep, expected):
