@@ -10,9 +10,9 @@ import copy
 import types
 
 import pytest
-from pytest_zero3.fixtures import profiles
+from pytest_zero3.fixtures import contract, profiles
 
-from pytest_zero3 import accel, options
+from pytest_zero3 import accel, options, registry
 from pytest_zero3.scenario import Unsupported
 
 #: Added to a test whose config steps DeepSpeedCPUAdam (the bf16-offload profile, or a --zero3-config that
@@ -39,6 +39,11 @@ def pytest_generate_tests(metafunc):
     if "zero3_world" not in metafunc.fixturenames:
         return
     names = options.settings(metafunc.config).profile
+    if "zero3_scenario" in metafunc.fixturenames:
+        metafunc.parametrize(
+            ("zero3_scenario", "variant", "zero3_profile"), scenario_params(names), indirect=["zero3_profile"]
+        )
+        return
     if names == (profiles.DEFAULT,):
         return
     cid = _contract(metafunc.definition)
@@ -53,6 +58,37 @@ def pytest_generate_tests(metafunc):
     if not params:
         params = [pytest.param(None, id="no-profile", marks=pytest.mark.zero3_no_profile)]
     metafunc.parametrize("zero3_profile", params, indirect=True)
+
+
+def scenario_params(names) -> list:
+    """One param per decorated contract, variant and selected profile that applies, in the registry's order,
+    its decorator's facts as markers; its ID ``CID[-VARIANT][-PROFILE]`` (the profile only where
+    ``--zero3-profile`` selects others than ``fp32``)."""
+    found = contract.scenarios()
+    order = [cid for cid in registry.load() if cid in found] + sorted(set(found) - set(registry.load()))
+    params = []
+    for cid in order:
+        sc = found[cid][0]
+        marks = [pytest.mark.zero3_contract(cid), pytest.mark.zero3_preload(sc.module, *sc.preload)]
+        if sc.timeout is not None:
+            marks.append(pytest.mark.zero3_timeout(sc.timeout))
+        if sc.world_size is not None:
+            marks.append(pytest.mark.zero3_world_size(sc.world_size))
+        for variant in sc.variants or (None,):
+            applied = [name for name in names if profiles.applies(name, cid)]
+            for name in applied:
+                offload = profiles.cpu_adam(profiles.PROFILES[name].overlay)
+                ids = [cid, variant, None if names == (profiles.DEFAULT,) else name]
+                extra = [pytest.mark.zero3_preload(CPU_ADAM_PRELOAD)] if offload else []
+                params.append(pytest.param(sc, variant, name, marks=marks + extra, id="-".join(filter(None, ids))))
+            if not applied:
+                ids = [cid, variant, "no-profile"]
+                params.append(
+                    pytest.param(
+                        sc, variant, None, marks=[*marks, pytest.mark.zero3_no_profile], id="-".join(filter(None, ids))
+                    )
+                )
+    return params
 
 
 def pytest_itemcollected(item):
