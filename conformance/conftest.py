@@ -2,7 +2,7 @@
 
 With the default profile alone (``fp32``) nothing is parametrised and test IDs stay as they are.  With
 ``--zero3-profile=NAME[,NAME]|all`` each contract runs once per selected profile that applies to it
-(``profiles.CONTRACTS``), its test ID ending in ``[NAME]``; a contract no selected profile applies to is
+(its scenario's ``@contract(profiles=...)``), its test ID ending in ``[NAME]``; a contract no selected profile applies to is
 not run.  Every world of a contract runs its scenario under that profile and the user's config overlay.
 """
 
