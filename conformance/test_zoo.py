@@ -28,7 +28,6 @@ import importlib.util
 
 import pytest
 from pytest_zero3.fixtures import verdicts
-from pytest_zero3.fixtures import zoo_generate as fz
 
 #: The model each contract runs (fixtures/models/zoo.py).
 MODEL_OF = {"zoo-a": "llama", "zoo-b": "gpt2", "zoo-c": "t5", "zoo-d": "mixtral", "zoo-e": "llava"}
@@ -54,6 +53,8 @@ class ZooRun:
 
     def of(self, zero3_world, model: str) -> list[list[dict]]:
         """Per config, each rank's record of ``model`` (its world runs at the first call that needs it)."""
+        from pytest_zero3.fixtures import zoo_generate as fz  # lazy: it imports torch, which collecting must not
+
         if model not in self.results and model not in self.errors:
             pending = [m for m in self.models if m not in self.results and m not in self.errors]
             models = pending if model in pending else [model]
@@ -74,7 +75,7 @@ def zero3_zoo(request):
     return ZooRun(request.session)
 
 
-@pytest.mark.zero3_preload("transformers")
+@pytest.mark.zero3_preload("transformers", "pytest_zero3.fixtures.zoo_generate")
 @pytest.mark.zero3_timeout(300)
 @pytest.mark.xdist_group("zero3-zoo")
 @pytest.mark.parametrize(
@@ -90,6 +91,8 @@ def zero3_zoo(request):
 def test_zoo(zero3_world, zero3_zoo, contract):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("the zoo needs transformers installed (pip install 'transformers>=5')")
+    from pytest_zero3.fixtures import zoo_generate as fz  # lazy: it imports torch, which collecting must not
+
     model = MODEL_OF[contract]
     runs = zero3_zoo.of(zero3_world, model)
     verdicts.assert_clean([_preconditions(model, runs, rank) for rank in range(len(runs[0]))], "scenario precondition")
@@ -104,6 +107,8 @@ def test_zoo(zero3_world, zero3_zoo, contract):
 def _preconditions(model: str, runs, rank: int) -> list[str]:
     """What must hold of one rank's runs for the zoo's rules to judge anything: the probe saw every
     training step and the generate() forwards, prefetch ran, LLaVA's frozen tower is in eval()."""
+    from pytest_zero3.fixtures import zoo_generate as fz  # lazy: it imports torch, which collecting must not
+
     out = []
     for per_rank in runs:
         run, label = per_rank[rank], f"{model}, {fz.describe(per_rank[rank]['zero'])}"

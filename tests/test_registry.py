@@ -9,6 +9,7 @@ import ast
 import re
 
 import pytest
+from pytest_zero3.fixtures import contract
 
 from conftest import ROOT
 from pytest_zero3 import registry
@@ -17,7 +18,8 @@ USAGE = pytest.ExitCode.USAGE_ERROR
 
 
 def markers_in_suite() -> dict:
-    """``{id: [(file, line, statement or None)]}`` of every zero3_contract marker in conformance/."""
+    """``{id: [(file, line, statement or None)]}`` of every zero3_contract marker in conformance/ (the batched
+    families, rule and zoo, whose one world serves several contracts)."""
     found = {}
     for path in sorted((ROOT / "conformance").glob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -28,18 +30,23 @@ def markers_in_suite() -> dict:
     return found
 
 
-def test_every_registered_contract_has_a_test_and_every_marker_is_registered():
-    """Why: a registered contract without a test is a promise nobody checks; a marker with an
-    unregistered ID is a contract the report, the manual and --zero3-select cannot describe."""
-    known, used = registry.load(), markers_in_suite()
+def test_every_registered_contract_has_one_scenario_and_every_scenario_is_registered():
+    """Why: a registered contract without a scenario is a promise nobody checks, one with two is two
+    rules under one name; a scenario whose ID is not registered is a contract the report, the manual and
+    --zero3-select cannot describe.  A contract is one decorated scenario (``@contract`` under fixtures/),
+    or, in the batched families, one marked test in conformance/; never both."""
+    known, decorated, marked = registry.load(), contract.scenarios(), markers_in_suite()
     assert known, "conformance/contracts.toml lists no contract"
-    assert not sorted(set(known) - set(used)), (
-        f"registered but no test carries the marker: {sorted(set(known) - set(used))}"
-    )
-    assert not sorted(set(used) - set(known)), f"markers naming unregistered IDs: {sorted(set(used) - set(known))}"
+    twice = {cid: [f"{s.module}.{s.function}" for s in found] for cid, found in decorated.items() if len(found) > 1}
+    assert not twice, f"contracts with more than one scenario: {twice}"
+    both = sorted(set(decorated) & set(marked))
+    assert not both, f"contracts with a scenario and a marked test: {both}"
+    homes = set(decorated) | set(marked)
+    assert not sorted(set(known) - homes), f"registered but no scenario: {sorted(set(known) - homes)}"
+    assert not sorted(homes - set(known)), f"scenarios or markers naming unregistered IDs: {sorted(homes - set(known))}"
     stale = [
         (cid, f, line)
-        for cid, places in used.items()
+        for cid, places in marked.items()
         for f, line, text in places
         if text is not None and text != known[cid].statement
     ]
@@ -47,6 +54,59 @@ def test_every_registered_contract_has_a_test_and_every_marker_is_registered():
     for cid, c in known.items():
         assert re.fullmatch(r"[0-9a-z]+-[a-z]", cid) and c.family == cid.split("-")[0], cid
         assert c.statement and c.source and c.min_world_size >= 1, cid
+
+
+def test_no_conformance_module_is_named_by_a_family_number():
+    """Why: which module a contract belongs to is a question of topic, not of history (issue 56)."""
+    numbered = sorted(p.name for p in (ROOT / "conformance").glob("test_[0-9]*.py"))
+    numbered += sorted(p.name for p in (ROOT / "fixtures").rglob("*.py") if re.match(r"(family_|test_)?\d{3}", p.name))
+    assert not numbered, numbered
+
+
+def test_a_contract_decorator_that_cannot_be_read_statically_names_the_fix(tmp_path):
+    """Why: pytest's process reads the decorators from the source; a computed argument would be a
+    contract collected wrongly, or not at all, so it is refused with the file and line."""
+    (tmp_path / "topic.py").write_text(
+        'from pytest_zero3.fixtures.contract import contract\n\nWIDTH = 4\nSIZES = {"a": WIDTH, "b": 2}\n\n\n'
+        '@contract("900-a", variants=SIZES, timeout=60)\ndef ok(variant):\n    """Why."""\n\n\n'
+        '@contract("900-b", what=f"{WIDTH}")\ndef computed():\n    pass\n'
+    )
+    with pytest.raises(contract.ContractError, match=r"topic\.py:12: @contract's arguments must be literals"):
+        contract.scenarios(str(tmp_path))
+    (tmp_path / "topic.py").write_text((tmp_path / "topic.py").read_text().split('\n\n\n@contract("900-b"')[0])
+    contract._scenarios.cache_clear()
+    (found,) = contract.scenarios(str(tmp_path))["900-a"]
+    assert (found.module, found.function, found.variants, found.timeout, found.doc) == (
+        "pytest_zero3.fixtures.topic",
+        "ok",
+        ("a", "b"),
+        60,
+        "Why.",
+    )
+
+
+def test_collecting_the_suite_imports_no_torch(pytester):
+    """Why: the contracts are read from their decorators, so collecting the suite (pytest's process)
+    imports no scenario module, and so neither torch nor deepspeed."""
+    pytester.makeconftest(
+        "import sys\n\ndef pytest_collection_finish(session):\n"
+        "    print('HEAVY', sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))\n"
+    )
+    result = pytester.runpytest_subprocess(
+        "--pyargs",
+        "pytest_zero3.conformance",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:hypothesispytest",
+        "--zero3-impl=installed",
+        "--zero3-select=000,base",
+        "-n",
+        "0",
+        "-s",
+    )
+    assert result.ret == 0, result.outlines
+    result.stdout.fnmatch_lines(["HEAVY []"])
 
 
 @pytest.mark.parametrize(
