@@ -4,8 +4,9 @@ A page asks for a part with a line ``<!-- gen:NAME -->``; :func:`fill` replaces 
 ``docs/hooks.py`` calls :func:`fill` on every page while mkdocs builds (``tox -e docs``), and
 ``tests/test_docs.py`` checks, without mkdocs, that every part renders and covers its source:
 
-* ``contracts``: every contract of ``conformance/contracts.toml``, by family, with the docstrings of the
-  tests that carry its ID (``conformance/test_*.py``) and of their module;
+* ``contracts``: every contract of ``conformance/contracts.toml``, by family, with the docstrings of its
+  scenario (``@contract`` under ``fixtures/``; a batched family's marked test in ``conformance/test_*.py``)
+  and of their module;
 * ``registry``: the registry as one table (ID, statement, source, ranks);
 * ``proofs``: the proof table, from ``tests/flags.py``;
 * ``options``: the option table, from ``pytest_zero3.options.OPTIONS``;
@@ -95,12 +96,22 @@ def _marked_ids(node: ast.AST, named: dict) -> list:
 
 
 def contract_tests() -> dict:
-    """``{id: [(file, test name, docstring, every ID the test carries)]}`` from ``conformance/test_*.py``,
-    and ``{file: module docstring}`` under the key ``None``."""
+    """``{id: [(file, scenario or test name, docstring, every ID it carries)]}``: the decorated scenarios under
+    ``fixtures/`` (``@contract``) and the marked tests of ``conformance/test_*.py`` (the batched families),
+    each file relative to the checkout; ``{file: module docstring}`` under the key ``None``."""
+    _imports()
+    from pytest_zero3.fixtures import contract
+
     found: dict = {None: {}}
+    for cid, scenarios in contract.scenarios(str(ROOT / "fixtures")).items():
+        for sc in scenarios:
+            file = "fixtures/" + sc.module.removeprefix(contract.PACKAGE + ".").replace(".", "/") + ".py"
+            if file not in found[None]:
+                found[None][file] = ast.get_docstring(ast.parse((ROOT / file).read_text())) or ""
+            found.setdefault(cid, []).append((file, sc.function, sc.doc, [cid]))
     for path in sorted((ROOT / "conformance").glob("test_*.py")):
         tree = ast.parse(path.read_text())
-        found[None][path.name] = ast.get_docstring(tree) or ""
+        file = f"conformance/{path.name}"
         named = {}  # NAME = pytest.mark.zero3_contract("ID") at module level
         for node in tree.body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -112,7 +123,8 @@ def contract_tests() -> dict:
                 continue
             ids = sorted({i for d in node.decorator_list for i in _marked_ids(d, named)})
             for cid in ids:
-                found.setdefault(cid, []).append((path.name, node.name, ast.get_docstring(node) or "", ids))
+                found[None][file] = ast.get_docstring(tree) or ""
+                found.setdefault(cid, []).append((file, node.name, ast.get_docstring(node) or "", ids))
     return found
 
 
@@ -154,7 +166,7 @@ def contracts_page() -> str:
         files = sorted({t[0] for c in members for t in tests.get(c.id, [])})
         for name in files:
             if modules.get(name):
-                out += [f"From `conformance/{name}`:", "", prose(modules[name]), ""]
+                out += [f"From `{name}`:", "", prose(modules[name]), ""]
         shared = {}
         for c in members:
             out += [
@@ -166,15 +178,16 @@ def contracts_page() -> str:
                 "",
             ]
             for file, test, doc, ids in tests.get(c.id, []):
+                kind = "Scenario" if file.startswith("fixtures/") else "Test"
                 if len(ids) > 1:
                     shared[(file, test)] = (doc, ids)
-                    out += [f"Test: `conformance/{file}::{test}` (judges {', '.join(ids)}; below).", ""]
+                    out += [f"{kind}: `{file}::{test}` (judges {', '.join(ids)}; below).", ""]
                 else:
-                    out += [f"Test: `conformance/{file}::{test}`.", ""]
+                    out += [f"{kind}: `{file}::{test}`.", ""]
                     if doc:
                         out += [prose(doc), ""]
         for (file, test), (doc, ids) in shared.items():
-            out += [f"#### `{test}`: {', '.join(ids)}", "", f"`conformance/{file}::{test}`.", ""]
+            out += [f"#### `{test}`: {', '.join(ids)}", "", f"`{file}::{test}`.", ""]
             if doc:
                 out += [prose(doc), ""]
     return "\n".join(out).rstrip() + "\n"
