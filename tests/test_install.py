@@ -33,7 +33,7 @@ def test_zero3_option_without_paths_runs_the_suite_and_paths_are_kept(other_proj
     )
     assert result.ret == 0, result.outlines
     out = result.stdout.str()
-    assert "test_baseline.py::test_mlp_parity_prefetch_off" in out and "test_theirs" not in out
+    assert "test_contracts.py::test_contract[base-a]" in out and "test_theirs" not in out
     result = other_project.runpytest_subprocess(
         "-p", "no:hypothesispytest", "--zero3-impl=installed", "tests/test_theirs.py", "--co", "-q"
     )
@@ -148,7 +148,8 @@ def test_wheel_adds_only_pytest_zero3(tmp_path):
     for needed in (
         "pytest_zero3/conformance/contracts.toml",
         "pytest_zero3/conformance/expectations/deepspeed-0.19.8.toml",
-        "pytest_zero3/conformance/test_baseline.py",
+        "pytest_zero3/conformance/test_contracts.py",
+        "pytest_zero3/fixtures/contract.py",
         "pytest_zero3/fixtures/reuse_window.py",
         "pytest_zero3/reference_impl/install.py",
         "pytest_zero3/plugin.py",

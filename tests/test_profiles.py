@@ -7,7 +7,6 @@ import json
 import pytest
 from pytest_zero3.fixtures import profiles
 
-from conftest import ROOT
 from pytest_zero3 import registry
 
 
@@ -19,13 +18,15 @@ def test_profile_names_parse_and_unknown_ones_name_the_choices():
         profiles.parse_names("fp32,nope")
 
 
-def test_every_profile_runs_only_registered_contracts():
-    from pytest_zero3 import registry
+def test_every_profile_runs_some_contracts_and_scenarios_name_only_profiles():
+    """Why: a profile no scenario names is an axis nothing judges; a misspelt name in a decorator is one
+    the scenario silently never runs under."""
+    from pytest_zero3.fixtures import contract
 
-    known = set(registry.load())
-    assert set(profiles.CONTRACTS) == set(profiles.PROFILES) - {"fp32"}
-    for name, ids in profiles.CONTRACTS.items():
-        assert ids and ids <= known, f"profile {name} names unregistered contracts {sorted(ids - known)}"
+    named = {p for found in contract.scenarios().values() for sc in found for p in sc.profiles}
+    assert named <= set(profiles.PROFILES) | {profiles.EVERY_CPU}, sorted(named - set(profiles.PROFILES))
+    for name in set(profiles.PROFILES) - {profiles.DEFAULT}:
+        assert any(profiles.applies(name, cid) for cid in registry.load()), f"profile {name} runs no contract"
 
 
 def test_overlay_precedence_user_then_profile_then_contract(monkeypatch):
@@ -74,14 +75,14 @@ def test_bad_profile_or_config_is_a_usage_error(run_pytest, option, message):
 def test_profiles_show_in_test_ids_and_default_ids_stay(run_pytest):
     """Only contracts a selected profile applies to run under it; fp32 alone parametrises nothing."""
     default = run_pytest("conformance", "--zero3-select=base-a", "--collect-only", "-q").stdout.splitlines()
-    assert "conformance/test_baseline.py::test_mlp_parity_prefetch_off" in default, default[-20:]
+    assert "conformance/test_contracts.py::test_contract[base-a]" in default, default[-20:]
     run = run_pytest(
         "conformance", "--zero3-select=base-a,base-e", "--zero3-profile=hpz,bf16-offload", "--collect-only", "-q"
     )
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert sorted(i.split("::")[1] for i in ids) == [  # base-e: neither profile applies, deselected
-        "test_mlp_parity_prefetch_off[bf16-offload]",
-        "test_mlp_parity_prefetch_off[hpz]",
+        "test_contract[base-a-bf16-offload]",
+        "test_contract[base-a-hpz]",
     ], run.stdout[-2000:]
 
 
@@ -126,9 +127,9 @@ def test_a_config_key_the_implementation_rejects_makes_the_contract_unsupported(
     assert run.returncode == 0, run.stdout[-3000:]
 
 
-#: Families 006 and 007 under the CPU profiles: their rules hold there (``profiles.CONTRACTS``), but
-#: compiled or offloaded, their models and re-wraps take minutes on 2 cores; the proof run judges them.
-_HEAVY_FILES = ("test_006_cost.py", "test_007_model_life.py")
+#: Families 006 and 007 under the CPU profiles: their rules hold there (``every-cpu``), but compiled or
+#: offloaded, their models and re-wraps take minutes on 2 cores; the proof run judges them.
+_HEAVY = "not 006- and not 007-"
 
 
 def _reference_under_cpu_profiles(run_pytest, families: str | None):
@@ -144,13 +145,15 @@ def _reference_under_cpu_profiles(run_pytest, families: str | None):
             f"--zero3-select={families}",
         )
     else:
-        ignored = [f"--ignore={ROOT / 'conformance' / name}" for name in _HEAVY_FILES]
-        run = run_pytest("conformance", "--zero3-impl=reference", f"--zero3-profile={','.join(cpu)}", "-v", *ignored)
+        run = run_pytest(
+            "conformance", "--zero3-impl=reference", f"--zero3-profile={','.join(cpu)}", "-v", "-k", _HEAVY
+        )
     assert run.returncode == 0, run.stdout[-4000:]
     outcomes = run.outcomes()
     for name in cpu:
         # opt-in contracts (the fw family) run only when selected: their own runs judge them under each profile
-        judged = (c for c in profiles.CONTRACTS[name] if heavy(c) == bool(families) and not registry.opt_in(c))
+        applies = (c for c in registry.load() if name != profiles.DEFAULT and profiles.applies(name, c))
+        judged = (c for c in applies if heavy(c) == bool(families) and not registry.opt_in(c))
         for cid in sorted(judged):
             assert outcomes.get(cid) == "pass", f"{cid} under {name}: {outcomes.get(cid)}\n{run.stdout[-4000:]}"
         passed = [line for line in run.stdout.splitlines() if f"[{name}" in line and " PASSED" in line]
@@ -161,7 +164,7 @@ def _reference_under_cpu_profiles(run_pytest, families: str | None):
 @pytest.mark.slow
 def test_the_reference_passes_every_contract_under_every_cpu_profile(run_pytest):
     """Why: the reference is the fix people use in production configs, so CI judges it under every axis
-    that runs here, each contract the profile applies to (``profiles.CONTRACTS``), not a sample; families
+    that runs here, each contract the profile applies to (its scenario's ``profiles``), not a sample; families
     006 and 007 in the proof run (below)."""
     _reference_under_cpu_profiles(run_pytest, None)
 

@@ -313,7 +313,7 @@ def test_console_script_runs_the_installed_suite():
         timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "conformance/test_baseline.py::test_mlp_parity_prefetch_off" in out.stdout
+    assert "conformance/test_contracts.py::test_contract[base-a]" in out.stdout
 
 
 def test_unwritable_report_path_is_a_usage_error_before_any_world(run_pytest):
