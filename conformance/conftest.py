@@ -1,9 +1,9 @@
 """Config profiles and the user's ``--zero3-config`` for the conformance suite (``fixtures/profiles.py``).
 
-With the default profile alone (``fp32``) nothing is parametrised and test IDs stay as they are.  With
-``--zero3-profile=NAME[,NAME]|all`` each contract runs once per selected profile that applies to it
-(its scenario's ``@contract(profiles=...)``), its test ID ending in ``[NAME]``; a contract no selected profile applies to is
-not run.  Every world of a contract runs its scenario under that profile and the user's config overlay.
+With the default profile alone (``fp32``) test IDs carry no profile.  With ``--zero3-profile=NAME[,NAME]|all``
+each contract runs once per selected profile that applies to it (its scenario's ``@contract(profiles=...)``),
+its test ID ending in ``-NAME`` (the batched families' in ``[NAME-...]``); a contract no selected profile
+applies to is not run.  Every world of a contract runs its scenario under that profile and the user's config overlay.
 """
 
 import copy
