@@ -216,6 +216,6 @@ KNOWN_BADS = {
     "offload_norm_allreduce": (
         BREAK_OFFLOAD_NORM_ALLREDUCE,
         ("008-a",),
-        ("-k", "reads and offload", "--zero3-startup-timeout=1800"),
+        ("-k", "008-a-offload", "--zero3-startup-timeout=1800"),
     ),
 }

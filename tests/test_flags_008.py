@@ -54,22 +54,22 @@ FIX_NORM = (
 FIXES = {"reads": [FIX_READS], "pad": FIX_PAD, "norm": [FIX_NORM]}
 #: fork (the fix left out) -> (test of 008 that must fail, a line its message must show)
 LEFT_OUT = {
-    "reads": ("test_fragment_reads_equal_the_twin[offload]", "micro-batch 0: gradient of"),
-    "pad": ("test_fragment_writes_train_like_the_twin[device]", "raised RuntimeError"),
-    "norm": ("test_fragment_writes_train_like_the_twin[offload]", "engine.get_global_grad_norm()"),
+    "reads": ("test_contract[008-a-offload]", "micro-batch 0: gradient of"),
+    "pad": ("test_contract[008-b-device]", "raised RuntimeError"),
+    "norm": ("test_contract[008-b-offload]", "engine.get_global_grad_norm()"),
 }
 #: fork -> the other tests the same bug fails: the reads fix is also where offloaded writes between
 #: micro-batches land, and the unpadded cut is the same code whether the optimizer is offloaded or not.
 ALSO_FAILS = {
-    "reads": {"test_fragment_writes_train_like_the_twin[offload]"},
-    "pad": {"test_fragment_writes_train_like_the_twin[offload]"},
+    "reads": {"test_contract[008-b-offload]"},
+    "pad": {"test_contract[008-b-offload]"},
     "norm": set(),
 }
 #: Failed on every fork here: ``safe_update_full_grad_vectorized`` cuts the unpadded slice at a site of its
 #: own (DeepSpeed bug 10's other site, listed in 0.19.8's expectations), which none of :data:`FIXES` edits.
 VECTORIZED = {
-    "test_vectorized_grad_update_trains_like_the_twin[vectorized-device]",
-    "test_vectorized_grad_update_trains_like_the_twin[vectorized-offload]",
+    "test_contract[008-b-vectorized-device]",
+    "test_contract[008-b-vectorized-offload]",
 }
 
 
@@ -136,9 +136,7 @@ def test_hpz_small_param_crash_fails_the_edge_sizes(run_suite, tmp_path_factory)
     fork = ForkCache(tmp_path_factory, {"undo-8210": UNDO_8210})("undo-8210")
     run = run_suite(fork, "008-f", "--zero3-profile=fp32,hpz", "-k", "sizes")
     failed = _failed(run)
-    assert failed == {"test_size_keys_at_the_model_boundaries[hpz-sizes]"}, (
-        f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
-    )
+    assert failed == {"test_contract[008-f-sizes-hpz]"}, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     assert "start out of range" in run.stdout, run.stdout[-4000:]
 
 
@@ -174,8 +172,8 @@ def test_stock_coalesce_fails_the_loop_forms(run_suite):
     run = run_suite("installed", "008-g", "-k", "coalesce or set_boundary or retain_graph")
     failed = _failed(run)
     assert failed == {
-        "test_loop_forms_train_like_the_twin[coalesce]",
-        "test_loop_forms_train_like_the_twin[retain_graph]",
+        "test_contract[008-g-coalesce]",
+        "test_contract[008-g-retain_graph]",
     }, f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     assert "coalesce window 1 (1 micro-batches), micro-batch 0: loss" in run.stdout, run.stdout[-4000:]
 
@@ -195,7 +193,7 @@ def test_stock_predivide_fails_the_config_keys(run_suite):
     initialize as documented (the variants with a predivide factor run here)."""
     run = run_suite("installed", "008-h", "-k", "predivide")
     failed = _failed(run)
-    assert failed == {"test_config_keys_train_like_the_twin[gradient_predivide_factor-no_reduce_scatter]"}, (
+    assert failed == {"test_contract[008-h-gradient_predivide_factor-no_reduce_scatter]"}, (
         f"failed {sorted(failed)}\n{run.stdout[-4000:]}"
     )
     assert "(rel 0.5)" in run.stdout, run.stdout[-4000:]
@@ -305,11 +303,11 @@ NEW_AXES = [
     COMPILED_AUTOGRAD_DROPPED,
 ]
 NEW_AXES_FAIL = {
-    "test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]": "masters torch.float32, moments torch.float32",
-    "test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]": "buffers made in the context are",
-    "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]": "do not hold the Linear's values",
-    "test_loop_forms_train_like_the_twin[compile_kwargs]": "still compiled:",
-    "test_compiled_autograd_trains_like_the_twin": "(the option was dropped)",
+    "test_contract[008-h-bf16.bf16_optimizer_states]": "masters torch.float32, moments torch.float32",
+    "test_contract[008-j-tensor_overrides=[device]]": "buffers made in the context are",
+    "test_contract[008-j-TiledLinear-init_linear]": "do not hold the Linear's values",
+    "test_contract[008-g-compile_kwargs]": "still compiled:",
+    "test_contract[008-m]": "(the option was dropped)",
 }
 
 
@@ -325,7 +323,7 @@ def test_each_new_axis_flags_its_fork(run_suite, tmp_path_factory):
         fork,
         "008-g,008-h,008-j,008-m",
         "-k",
-        "bf16_optimizer_states or tensor_overrides or Tiled or compile_kwargs or compiled_autograd",
+        "bf16_optimizer_states or tensor_overrides or Tiled or compile_kwargs or 008-m",
     )
     assert _failed(run) == set(NEW_AXES_FAIL), run.stdout[-4000:]
     for test, says in NEW_AXES_FAIL.items():
@@ -339,70 +337,70 @@ WHOLE_SUITE_FORKS = {
     # every other contract calls engine.backward(loss) with its defaults
     "ignore-scale-wrt-gas": (
         IGNORE_SCALE_WRT_GAS,
-        "test_loop_forms_train_like_the_twin[scale_wrt_gas]",
+        "test_contract[008-g-scale_wrt_gas]",
         "scale_wrt_gas window 0 (2 micro-batches), before its step: gradient of",
     ),
     # no other contract saves a 16-bit model without its frozen params
     "keep-frozen": (
         KEEP_FROZEN_IN_16BIT,
-        "test_checkpoint_options_round_trip[16bit]",
+        "test_contract[008-i-16bit]",
         "has norm.weight, which it should leave out",
     ),
     # family 004 resumes with the saved schedule (the default)
     "scheduler-loaded": (
         SCHEDULER_ALWAYS_LOADED,
-        "test_checkpoint_options_round_trip[load_lr_scheduler_states=False]",
+        "test_contract[008-i-load_lr_scheduler_states=False]",
         "the learning rates are",
     ),
     # no other contract hands a torch optimizer to an engine that offloads the optimizer, the key at its default
     "force-cpu-ignored": (
         FORCE_CPU_OPTIMIZER_IGNORED,
-        "test_user_optimizer_and_scheduler_train_like_the_twin[offload-forced]",
+        "test_contract[008-l-offload-forced]",
         "zero_force_ds_cpu_optimizer true",
     ),
     # no other contract opens GatheredParameters(enabled=False) (HF's code does: enabled=is_deepspeed_zero3_enabled())
     "gathered-enabled": (
         GATHERED_ENABLED_IGNORED,
-        "test_init_and_gather_options_train_like_the_twin[gathered-enabled=False]",
+        "test_contract[008-j-gathered-enabled=False]",
         "GatheredParameters(enabled=False) gathered params inside it",
     ),
     # no other contract sets a bf16 master key (the numbers stay within bf16's tolerance without it)
     "bf16-masters": (
         BF16_MASTERS_IGNORED,
         (
-            "test_config_keys_train_like_the_twin[bf16.bf16_master_weights_and_grads]",
-            "test_config_keys_train_like_the_twin[bf16.bf16_optimizer_states]",
+            "test_contract[008-h-bf16.bf16_master_weights_and_grads]",
+            "test_contract[008-h-bf16.bf16_optimizer_states]",
         ),
         "masters torch.float32, moments torch.float32",
     ),
     # no other contract gives zero.Init tensor_overrides (the default overrides the dtype anyway)
     "overrides-ignored": (
         OVERRIDES_IGNORED,
-        "test_init_and_gather_options_train_like_the_twin[tensor_overrides=[device]]",
+        "test_contract[008-j-tensor_overrides=[device]]",
         "zero.Init(tensor_overrides=[device]): buffers made in the context are",
     ),
     # no other contract tiles a Linear from another (008-j's other tiled variants start from their own init)
     "init-linear-dropped": (
         INIT_LINEAR_DROPPED,
-        "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]",
+        "test_contract[008-j-TiledLinear-init_linear]",
         "do not hold the Linear's values",
     ),
     # the compile profile compiles with the backend alone
     "compile-kwargs-dropped": (
         COMPILE_KWARGS_DROPPED,
-        "test_loop_forms_train_like_the_twin[compile_kwargs]",
+        "test_contract[008-g-compile_kwargs]",
         "still compiled:",
     ),
     # no other contract asks for compiled autograd
     "compiled-autograd-dropped": (
         COMPILED_AUTOGRAD_DROPPED,
-        "test_compiled_autograd_trains_like_the_twin",
+        "test_contract[008-m]",
         "(the option was dropped)",
     ),
     # no other contract unflags a leaf by name (a leaf changes when params are gathered, never the numbers)
     "by-name-flag": (
         BY_NAME_IGNORES_FLAG,
-        "test_leaf_helpers_train_like_the_twin[by_name]",
+        "test_contract[008-k-by_name]",
         "by_name: get_z3_leaf_modules gives",
     ),
 }
