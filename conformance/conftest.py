@@ -92,8 +92,9 @@ def scenario_params(names) -> list:
 
 
 def pytest_itemcollected(item):
-    """The forkserver imports the scenario modules a contract's test module uses (every world would
-    import them again otherwise: about 0.1 s of CPU per rank per world, measured); a --zero3-config that
+    """The forkserver imports the scenario modules a batched family's test module uses (a decorated
+    contract's own module is a preload of its param: every world would import them again otherwise, about
+    0.1 s of CPU per rank per world, measured); a --zero3-config that
     offloads the optimizer: every contract may step DeepSpeedCPUAdam; a compile profile: dynamo warmed."""
     if "zero3_world" not in getattr(item, "fixturenames", ()):
         return
