@@ -156,7 +156,7 @@ def _reference_under_cpu_profiles(run_pytest, families: str | None):
         judged = (c for c in applies if heavy(c) == bool(families) and not registry.opt_in(c))
         for cid in sorted(judged):
             assert outcomes.get(cid) == "pass", f"{cid} under {name}: {outcomes.get(cid)}\n{run.stdout[-4000:]}"
-        passed = [line for line in run.stdout.splitlines() if f"[{name}" in line and " PASSED" in line]
+        passed = [line for line in run.stdout.splitlines() if f"-{name}]" in line and " PASSED" in line]
         assert passed, f"no test passed under {name}:\n{run.stdout[-4000:]}"
     assert "FAILED" not in run.stdout and "ERROR" not in run.stdout, run.stdout[-4000:]
 
