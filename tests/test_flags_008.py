@@ -323,7 +323,7 @@ NEW_AXES_FAIL = {
     "test_init_and_gather_options_train_like_the_twin[TiledLinear-init_linear]": "do not hold the Linear's values",
     "test_loop_forms_train_like_the_twin[compile_kwargs]": "still compiled:",
     "test_compiled_autograd_trains_like_the_twin": "(the option was dropped)",
-    "test_config_keys_train_like_the_twin[data_types.grad_accum_dtype=fp32]": "(reduced in bf16, accumulated in fp32)",
+    "test_config_keys_train_like_the_twin[data_types.grad_accum_dtype=fp32]": "reduced in bf16, accumulated in fp32",
 }
 
 
@@ -418,7 +418,7 @@ WHOLE_SUITE_FORKS = {
     "accum-narrowed": (
         ACCUM_NARROWED,
         "test_config_keys_train_like_the_twin[data_types.grad_accum_dtype=fp32]",
-        "(reduced in bf16, accumulated in fp32)",
+        "reduced in bf16, accumulated in fp32",
     ),
     # no other contract unflags a leaf by name (a leaf changes when params are gathered, never the numbers)
     "by-name-flag": (
