@@ -173,3 +173,26 @@ def test_the_reference_passes_every_contract_under_every_cpu_profile(run_pytest)
 def test_the_reference_passes_families_006_and_007_under_every_cpu_profile(run_pytest):
     """Why: as above, for the cost and model's-life contracts (about two minutes more on 2 cores)."""
     _reference_under_cpu_profiles(run_pytest, "006,007")
+
+
+def test_the_twin_follows_the_dtypes_the_config_states_on_the_gradient_path():
+    """Why (issue 54, item 5): a precision the config promises (an fp32 reduction or accumulation of bf16
+    gradients, fp32 masters) narrowed on the way stays inside the tolerance of a bf16 forward; where the
+    config states a dtype of the path, the twin follows it (``PathGrads``) and judges there at fp32's
+    tolerance on two ranks (the reduction's order on more: one ulp per rounding of the narrowest dtype)."""
+    from pytest_zero3.fixtures import twin
+
+    assert not twin.Schedule.of({}).path  # fp32 throughout: the twin's own comparison is already fp32's
+    bf16 = twin.Schedule.of({"bf16": {"enabled": True}})
+    assert (bf16.path, bf16.reduced_in, bf16.accumulated_in) == (True, "bf16", "bf16")
+    wide = twin.Schedule.of(
+        {"bf16": {"enabled": True}, "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
+    )
+    assert (wide.reduced_in, wide.accumulated_in) == ("fp32", "fp32")
+    assert wide.path_tolerance(2) == wide.path_tolerance(4) == profiles.TOLERANCE["fp32"]
+    assert bf16.path_tolerance(2) == profiles.TOLERANCE["fp32"]
+    assert bf16.path_tolerance(4)[0] == 2 * twin.ULP["bf16"] < profiles.TOLERANCE["bf16"][0]
+    auto = twin.Schedule.of({"torch_autocast": {"enabled": True}})
+    assert auto.path and auto.path_tolerance(4)[0] == 2 * twin.ULP["bf16"]
+    scaled = twin.Schedule.of({"bf16": {"enabled": True}, "gradient_predivide_factor": 2.0})
+    assert not scaled.path and "predivide" in scaled.path_off
