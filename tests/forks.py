@@ -213,6 +213,33 @@ BREAK_GENERATION_BACKWARD_HOOKS = (
     "",
 )
 
+#: Behind 004-e (the universal load leaves the frozen mid.weight at its fresh value, listed): the ZeRO-3
+#: universal load restores the fp32 masters and the moments but no longer the saved param groups'
+#: hyperparameters, so the first step after the load runs at the fresh engine's learning rate.  Hidden
+#: while the entry explained the continuation's losses as the frozen weight's fallout; 004-e now writes
+#: that weight back before it continues.
+BREAK_UNIVERSAL_HYPERPARAMS = (
+    "runtime/zero/stage3.py",
+    "        for param_group in self.optimizer.param_groups:\n"
+    "            # Generally, the hyperparameters of each parameter should be the same, we can obtain from any parameter.\n"
+    "            for key, value in optim_sd[OPTIMIZER_STATE_DICT][\"param_groups\"][0].items():\n"
+    "                if key == 'params':\n"
+    "                    param_group['params'] = []\n"
+    "                else:\n"
+    "                    param_group[key] = value\n",
+    "",
+)
+
+#: Behind 004-g (the save's prologue partitions the param an open GatheredParameters holds, listed): the
+#: checkpoint's tied-weight map keys params by data_ptr() under ZeRO-3 too (the ds_id key undone), and the
+#: partitioned params' empty placeholders share one address, so zero_to_fp32 writes one param's weights
+#: under the other params' names.
+BREAK_SHARED_BY_DATA_PTR = (
+    "runtime/engine.py",
+    "                param_id = param.ds_id if is_zero3_model else param.data_ptr()\n",
+    "                param_id = param.data_ptr()\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -228,4 +255,6 @@ KNOWN_BADS = {
         ("-k", "reads and offload", "--zero3-startup-timeout=1800"),
     ),
     "generation_backward_hooks": (BREAK_GENERATION_BACKWARD_HOOKS, ("006-c",), ()),
+    "universal_hyperparams": (BREAK_UNIVERSAL_HYPERPARAMS, ("004-e",), ()),
+    "shared_by_data_ptr": (BREAK_SHARED_BY_DATA_PTR, ("004-g",), ()),
 }
