@@ -222,7 +222,7 @@ BREAK_UNIVERSAL_HYPERPARAMS = (
     "runtime/zero/stage3.py",
     "        for param_group in self.optimizer.param_groups:\n"
     "            # Generally, the hyperparameters of each parameter should be the same, we can obtain from any parameter.\n"
-    "            for key, value in optim_sd[OPTIMIZER_STATE_DICT][\"param_groups\"][0].items():\n"
+    '            for key, value in optim_sd[OPTIMIZER_STATE_DICT]["param_groups"][0].items():\n'
     "                if key == 'params':\n"
     "                    param_group['params'] = []\n"
     "                else:\n"
