@@ -166,6 +166,16 @@ BREAK_REUSE_SCAN_RECURSE = (
     "            for param in iter_params(module, recurse=True):\n",
 )
 
+#: Behind 000-e (its scan reads every scanned module by the released module's z3-leaf flag, listed): the scan
+#: fixed the other wrong way, every scanned module counted by its own params only (recurse=False), so a z3
+#: leaf's next use (its backward, where its children's params are gathered) counts nothing and the leaf's
+#: params are released after its forward although the window keeps them.
+BREAK_REUSE_SCAN_OWN = (
+    "runtime/zero/partitioned_param_coordinator.py",
+    "            for param in iter_params(module, recurse=z3_leaf_module(submodule_to_release)):\n",
+    "            for param in iter_params(module, recurse=False):\n",
+)
+
 #: Behind base-e (bug 12: persistent params released while the first trace is recorded): the release
 #: set no longer leaves out persistent params, so every forward on a complete trace releases them too.
 BREAK_PERSISTENT_RELEASE = (
@@ -257,4 +267,5 @@ KNOWN_BADS = {
     "generation_backward_hooks": (BREAK_GENERATION_BACKWARD_HOOKS, ("006-c",), ()),
     "universal_hyperparams": (BREAK_UNIVERSAL_HYPERPARAMS, ("004-e",), ()),
     "shared_by_data_ptr": (BREAK_SHARED_BY_DATA_PTR, ("004-g",), ()),
+    "reuse_scan_own": (BREAK_REUSE_SCAN_OWN, ("000-e",), ()),
 }
