@@ -250,6 +250,22 @@ BREAK_SHARED_BY_DATA_PTR = (
     "                param_id = param.data_ptr()\n",
 )
 
+#: Behind base-i (a no-grad forward leaves the prefetches aimed at backward in flight, listed for the
+#: two-layer window): GatheredParameters' exit no longer lowers the param's gathered-context depth (a fork
+#: that took the refusal of overlapping contexts without its bookkeeping), so the next gather of a param
+#: once gathered is refused as nested: the user's second GatheredParameters raises.
+BREAK_GATHERED_DEPTH = (
+    "runtime/zero/partition_parameters.py",
+    "            for param in self.params:\n"
+    "                depth = getattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, 0)\n"
+    "                if depth <= 1:\n"
+    "                    if hasattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR):\n"
+    "                        delattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR)\n"
+    "                else:\n"
+    "                    setattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, depth - 1)\n",
+    "",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -268,4 +284,5 @@ KNOWN_BADS = {
     "universal_hyperparams": (BREAK_UNIVERSAL_HYPERPARAMS, ("004-e",), ()),
     "shared_by_data_ptr": (BREAK_SHARED_BY_DATA_PTR, ("004-g",), ()),
     "reuse_scan_own": (BREAK_REUSE_SCAN_OWN, ("000-e",), ()),
+    "gathered_depth": (BREAK_GATHERED_DEPTH, ("base-i",), ()),
 }
