@@ -156,6 +156,16 @@ BREAK_REUSE_SCAN_START = (
     "        for module in self.__submodule_order[step_id + 1:]:\n",
 )
 
+#: Behind 000-a (prefetch-skip retention, listed): the ZeRO-3 optimizer no longer passes
+#: stage3_prefetch_bucket_size on to the param offload (a keyword dropped), which prefetches by its
+#: default 5e7 bucket, so with a bucket under one layer prefetch skips, and the retention keeps, every
+#: already-run layer as with an unbounded one.
+BREAK_PREFETCH_BUCKET_DROPPED = (
+    "runtime/zero/stage3.py",
+    "                                    prefetch_bucket_size=prefetch_bucket_size,\n",
+    "",
+)
+
 #: Behind 000-d (prefetch-skip retention, listed for its small-bucket variant): 000-e's scan fixed the
 #: wrong way, every scanned module counted with its whole subtree (recurse=True, not its own leaf flag),
 #: so a container in the window (the root's backward after the last layer) keeps params the rule
@@ -272,6 +282,7 @@ BREAK_GATHERED_DEPTH = (
 KNOWN_BADS = {
     "reuse_scan_start": (BREAK_REUSE_SCAN_START, ("001-b", "rule-c"), ()),
     "reuse_scan_recurse": (BREAK_REUSE_SCAN_RECURSE, ("000-d",), ()),
+    "prefetch_bucket_dropped": (BREAK_PREFETCH_BUCKET_DROPPED, ("000-a",), ()),
     "persistent_release": (BREAK_PERSISTENT_RELEASE, ("base-e",), ()),
     "prefetch_live_cap": (BREAK_PREFETCH_LIVE_CAP, ("rule-d",), ()),
     "leaf_fetch": (BREAK_LEAF_FETCH, ("rule-a",), ()),
