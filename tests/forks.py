@@ -156,6 +156,16 @@ BREAK_REUSE_SCAN_START = (
     "        for module in self.__submodule_order[step_id + 1:]:\n",
 )
 
+#: Behind 000-a (prefetch-skip retention, listed): the ZeRO-3 optimizer no longer passes
+#: stage3_prefetch_bucket_size on to the param offload (a keyword dropped), which prefetches by its
+#: default 5e7 bucket, so with a bucket under one layer prefetch skips, and the retention keeps, every
+#: already-run layer as with an unbounded one.
+BREAK_PREFETCH_BUCKET_DROPPED = (
+    "runtime/zero/stage3.py",
+    "                                    prefetch_bucket_size=prefetch_bucket_size,\n",
+    "",
+)
+
 #: Behind 000-d (prefetch-skip retention, listed for its small-bucket variant): 000-e's scan fixed the
 #: wrong way, every scanned module counted with its whole subtree (recurse=True, not its own leaf flag),
 #: so a container in the window (the root's backward after the last layer) keeps params the rule
@@ -164,6 +174,16 @@ BREAK_REUSE_SCAN_RECURSE = (
     "runtime/zero/partitioned_param_coordinator.py",
     "            for param in iter_params(module, recurse=z3_leaf_module(submodule_to_release)):\n",
     "            for param in iter_params(module, recurse=True):\n",
+)
+
+#: Behind 000-e (its scan reads every scanned module by the released module's z3-leaf flag, listed): the scan
+#: fixed the other wrong way, every scanned module counted by its own params only (recurse=False), so a z3
+#: leaf's next use (its backward, where its children's params are gathered) counts nothing and the leaf's
+#: params are released after its forward although the window keeps them.
+BREAK_REUSE_SCAN_OWN = (
+    "runtime/zero/partitioned_param_coordinator.py",
+    "            for param in iter_params(module, recurse=z3_leaf_module(submodule_to_release)):\n",
+    "            for param in iter_params(module, recurse=False):\n",
 )
 
 #: Behind base-e (bug 12: persistent params released while the first trace is recorded): the release
@@ -204,12 +224,65 @@ BREAK_OFFLOAD_NORM_ALLREDUCE = (
     "        total_norm_cuda = get_accelerator().FloatTensor([float(total_norm)])\n\n",
 )
 
+#: Behind 006-c (bug 11: the modules' backward functions outlive destroy(), listed): unwrap_model_for_generation
+#: removes the module hooks for generation but keeps the backward ones (a fork that re-registers only what
+#: generate() needs gone), so each re-registration adds a second set of backward hooks to every module.
+BREAK_GENERATION_BACKWARD_HOOKS = (
+    "runtime/zero/stage3.py",
+    "        for hook in optimizer_offload.backward_hooks:\n            hook.remove()\n\n",
+    "",
+)
+
+#: Behind 004-e (the universal load leaves the frozen mid.weight at its fresh value, listed): the ZeRO-3
+#: universal load restores the fp32 masters and the moments but no longer the saved param groups'
+#: hyperparameters, so the first step after the load runs at the fresh engine's learning rate.  Hidden
+#: while the entry explained the continuation's losses as the frozen weight's fallout; 004-e now writes
+#: that weight back before it continues.
+BREAK_UNIVERSAL_HYPERPARAMS = (
+    "runtime/zero/stage3.py",
+    "        for param_group in self.optimizer.param_groups:\n"
+    "            # Generally, the hyperparameters of each parameter should be the same, we can obtain from any parameter.\n"
+    '            for key, value in optim_sd[OPTIMIZER_STATE_DICT]["param_groups"][0].items():\n'
+    "                if key == 'params':\n"
+    "                    param_group['params'] = []\n"
+    "                else:\n"
+    "                    param_group[key] = value\n",
+    "",
+)
+
+#: Behind 004-g (the save's prologue partitions the param an open GatheredParameters holds, listed): the
+#: checkpoint's tied-weight map keys params by data_ptr() under ZeRO-3 too (the ds_id key undone), and the
+#: partitioned params' empty placeholders share one address, so zero_to_fp32 writes one param's weights
+#: under the other params' names.
+BREAK_SHARED_BY_DATA_PTR = (
+    "runtime/engine.py",
+    "                param_id = param.ds_id if is_zero3_model else param.data_ptr()\n",
+    "                param_id = param.data_ptr()\n",
+)
+
+#: Behind base-i (a no-grad forward leaves the prefetches aimed at backward in flight, listed for the
+#: two-layer window): GatheredParameters' exit no longer lowers the param's gathered-context depth (a fork
+#: that took the refusal of overlapping contexts without its bookkeeping), so the next gather of a param
+#: once gathered is refused as nested: the user's second GatheredParameters raises.
+BREAK_GATHERED_DEPTH = (
+    "runtime/zero/partition_parameters.py",
+    "            for param in self.params:\n"
+    "                depth = getattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, 0)\n"
+    "                if depth <= 1:\n"
+    "                    if hasattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR):\n"
+    "                        delattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR)\n"
+    "                else:\n"
+    "                    setattr(param, DS_Z3_GATHERED_PARAM_CONTEXT_DEPTH_ATTR, depth - 1)\n",
+    "",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
 KNOWN_BADS = {
     "reuse_scan_start": (BREAK_REUSE_SCAN_START, ("001-b", "rule-c"), ()),
     "reuse_scan_recurse": (BREAK_REUSE_SCAN_RECURSE, ("000-d",), ()),
+    "prefetch_bucket_dropped": (BREAK_PREFETCH_BUCKET_DROPPED, ("000-a",), ()),
     "persistent_release": (BREAK_PERSISTENT_RELEASE, ("base-e",), ()),
     "prefetch_live_cap": (BREAK_PREFETCH_LIVE_CAP, ("rule-d",), ()),
     "leaf_fetch": (BREAK_LEAF_FETCH, ("rule-a",), ()),
@@ -218,4 +291,9 @@ KNOWN_BADS = {
         ("008-a",),
         ("-k", "008-a-offload", "--zero3-startup-timeout=1800"),
     ),
+    "generation_backward_hooks": (BREAK_GENERATION_BACKWARD_HOOKS, ("006-c",), ()),
+    "universal_hyperparams": (BREAK_UNIVERSAL_HYPERPARAMS, ("004-e",), ()),
+    "shared_by_data_ptr": (BREAK_SHARED_BY_DATA_PTR, ("004-g",), ()),
+    "reuse_scan_own": (BREAK_REUSE_SCAN_OWN, ("000-e",), ()),
+    "gathered_depth": (BREAK_GATHERED_DEPTH, ("base-i",), ()),
 }
