@@ -204,6 +204,16 @@ BREAK_OFFLOAD_NORM_ALLREDUCE = (
     "        total_norm_cuda = get_accelerator().FloatTensor([float(total_norm)])\n\n",
 )
 
+#: Behind 007-b under hpZ (DeepSpeed issue 4901: the reference copy's second from_pretrained raises, listed;
+#: the scenario goes on with a reference copy loaded whole): a param written in GatheredParameters
+#: (modifier_rank=0: how from_pretrained loads each module's weights) keeps the hpZ secondary shard it had
+#: before the write, so the policy's first forward gathers its zero.Init weights from there.
+BREAK_HPZ_SECONDARY_UPDATE = (
+    "runtime/zero/partition_parameters.py",
+    "            if param.ds_secondary_tensor is not None and not has_been_updated:  ##param already partitioned\n",
+    "            if param.ds_secondary_tensor is not None:  ##param already partitioned\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -218,4 +228,5 @@ KNOWN_BADS = {
         ("008-a",),
         ("-k", "reads and offload", "--zero3-startup-timeout=1800"),
     ),
+    "hpz_secondary_update": (BREAK_HPZ_SECONDARY_UPDATE, ("007-b",), ("--zero3-profile=hpz",)),
 }
