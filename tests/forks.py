@@ -214,6 +214,15 @@ BREAK_HPZ_SECONDARY_UPDATE = (
     "            if param.ds_secondary_tensor is not None:  ##param already partitioned\n",
 )
 
+#: Behind 007-e under hpZ (DeepSpeed bug 8: load_checkpoint leaves a frozen param's hpZ secondary shard stale,
+#: listed): checkpoint_event_epilogue no longer drops the trainable params' secondary shards either (the
+#: invalidation undone), so the resumed engine's first forward gathers every param's pre-load weights.
+BREAK_HPZ_LOAD_INVALIDATE = (
+    "runtime/zero/stage3.py",
+    "    def checkpoint_event_epilogue(self):\n        self.invalidate_secondary_tensor()\n",
+    "    def checkpoint_event_epilogue(self):\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -229,4 +238,5 @@ KNOWN_BADS = {
         ("-k", "reads and offload", "--zero3-startup-timeout=1800"),
     ),
     "hpz_secondary_update": (BREAK_HPZ_SECONDARY_UPDATE, ("007-b",), ("--zero3-profile=hpz",)),
+    "hpz_load_invalidate": (BREAK_HPZ_LOAD_INVALIDATE, ("007-e",), ("--zero3-profile=hpz",)),
 }
