@@ -223,6 +223,17 @@ BREAK_HPZ_LOAD_INVALIDATE = (
     "    def checkpoint_event_epilogue(self):\n",
 )
 
+#: Behind 007-d (DeepSpeed converts nothing after initialize: the first forward after a replaced param
+#: crashes on a missing ds_* attribute, listed): GatheredParameters takes any iterable for a list of params,
+#: a single tensor too (the Tensor exclusion dropped), so a single partitioned param is iterated as its empty
+#: data, nothing is gathered, and transformers' resize_token_embeddings reads the old embedding's size
+#: from the placeholder: the change itself raises, a new failure, not the listed one.
+BREAK_GATHER_SINGLE_PARAM = (
+    "runtime/zero/partition_parameters.py",
+    "        if isinstance(params, Iterable) and not isinstance(params, torch.Tensor):\n",
+    "        if isinstance(params, Iterable):\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -239,4 +250,5 @@ KNOWN_BADS = {
     ),
     "hpz_secondary_update": (BREAK_HPZ_SECONDARY_UPDATE, ("007-b",), ("--zero3-profile=hpz",)),
     "hpz_load_invalidate": (BREAK_HPZ_LOAD_INVALIDATE, ("007-e",), ("--zero3-profile=hpz",)),
+    "gather_single_param": (BREAK_GATHER_SINGLE_PARAM, ("007-d",), ()),
 }
