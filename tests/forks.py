@@ -234,6 +234,17 @@ BREAK_GATHER_SINGLE_PARAM = (
     "        if isinstance(params, Iterable):\n",
 )
 
+#: Behind 008-d's module-only variant (load_optimizer_states=True with load_module_only=True loads the
+#: module state dict of ZeRO-3 placeholders, listed for that pair): a module-only load no longer takes the
+#: weights from the ZeRO shards (zero_to_fp32) but from the model-states file alone, so with
+#: load_optimizer_states=False too the engine keeps its fresh weights.
+BREAK_MODULE_ONLY_SHARDS = (
+    "runtime/engine.py",
+    "        if self.zero_optimization_partition_weights() and not load_optimizer_states and not self.has_moe_layers:\n",
+    "        if (self.zero_optimization_partition_weights() and not load_optimizer_states and not load_module_only\n"
+    "                and not self.has_moe_layers):\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -251,4 +262,5 @@ KNOWN_BADS = {
     "hpz_secondary_update": (BREAK_HPZ_SECONDARY_UPDATE, ("007-b",), ("--zero3-profile=hpz",)),
     "hpz_load_invalidate": (BREAK_HPZ_LOAD_INVALIDATE, ("007-e",), ("--zero3-profile=hpz",)),
     "gather_single_param": (BREAK_GATHER_SINGLE_PARAM, ("007-d",), ()),
+    "module_only_shards": (BREAK_MODULE_ONLY_SHARDS, ("008-d",), ("-k", "module-only")),
 }
