@@ -245,6 +245,18 @@ BREAK_MODULE_ONLY_SHARDS = (
     "                and not self.has_moe_layers):\n",
 )
 
+#: Behind 008-i's use_node_local_storage variant (DeepSpeed bug 20: 'latest' written on global rank 0
+#: only, so node 1 resumed without a tag loads nothing, listed; its fallout once explained every check after
+#: the load, and the scenario now resumes every node from its tag): the ZeRO shards' optimizer states are
+#: no longer loaded (the option dropped in the call), so the resumed engine's Adam starts from zero moments.
+BREAK_ZERO_LOAD_OPTIMIZER = (
+    "runtime/engine.py",
+    "                                       load_optimizer_states=load_optimizer_states,\n"
+    "                                       load_from_fp32_weights=self.zero_load_from_fp32_weights(),\n",
+    "                                       load_optimizer_states=False,\n"
+    "                                       load_from_fp32_weights=self.zero_load_from_fp32_weights(),\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -263,4 +275,5 @@ KNOWN_BADS = {
     "hpz_load_invalidate": (BREAK_HPZ_LOAD_INVALIDATE, ("007-e",), ("--zero3-profile=hpz",)),
     "gather_single_param": (BREAK_GATHER_SINGLE_PARAM, ("007-d",), ()),
     "module_only_shards": (BREAK_MODULE_ONLY_SHARDS, ("008-d",), ("-k", "module-only")),
+    "zero_load_optimizer": (BREAK_ZERO_LOAD_OPTIMIZER, ("008-i",), ("-k", "use_node_local_storage")),
 }
