@@ -257,6 +257,15 @@ BREAK_ZERO_LOAD_OPTIMIZER = (
     "                                       load_from_fp32_weights=self.zero_load_from_fp32_weights(),\n",
 )
 
+#: Behind 008-g's coalesce variant (DeepSpeed bug 16: the step after a coalesce_grad_reduction block steps
+#: only every k-th block, listed with its numeric fallout): the block's exit no longer clears the no_sync flag
+#: it set, so the next block asserts that it is nested inside another no_sync context.
+BREAK_COALESCE_NO_SYNC_RESET = (
+    "runtime/engine.py",
+    "            optimizer._coalesce_grad_reduction = False\n            self.inside_no_sync_ctxt = False\n",
+    "            optimizer._coalesce_grad_reduction = False\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -276,4 +285,5 @@ KNOWN_BADS = {
     "gather_single_param": (BREAK_GATHER_SINGLE_PARAM, ("007-d",), ()),
     "module_only_shards": (BREAK_MODULE_ONLY_SHARDS, ("008-d",), ("-k", "module-only")),
     "zero_load_optimizer": (BREAK_ZERO_LOAD_OPTIMIZER, ("008-i",), ("-k", "use_node_local_storage")),
+    "coalesce_no_sync_reset": (BREAK_COALESCE_NO_SYNC_RESET, ("008-g",), ("-k", "coalesce")),
 }
