@@ -276,6 +276,68 @@ BREAK_GATHERED_DEPTH = (
     "",
 )
 
+#: Behind 007-b under hpZ (DeepSpeed issue 4901: the reference copy's second from_pretrained raises, listed;
+#: the scenario goes on with a reference copy loaded whole): a param written in GatheredParameters
+#: (modifier_rank=0: how from_pretrained loads each module's weights) keeps the hpZ secondary shard it had
+#: before the write, so the policy's first forward gathers its zero.Init weights from there.
+BREAK_HPZ_SECONDARY_UPDATE = (
+    "runtime/zero/partition_parameters.py",
+    "            if param.ds_secondary_tensor is not None and not has_been_updated:  ##param already partitioned\n",
+    "            if param.ds_secondary_tensor is not None:  ##param already partitioned\n",
+)
+
+#: Behind 007-e under hpZ (DeepSpeed bug 8: load_checkpoint leaves a frozen param's hpZ secondary shard stale,
+#: listed): checkpoint_event_epilogue no longer drops the trainable params' secondary shards either (the
+#: invalidation undone), so the resumed engine's first forward gathers every param's pre-load weights.
+BREAK_HPZ_LOAD_INVALIDATE = (
+    "runtime/zero/stage3.py",
+    "    def checkpoint_event_epilogue(self):\n        self.invalidate_secondary_tensor()\n",
+    "    def checkpoint_event_epilogue(self):\n",
+)
+
+#: Behind 007-d (DeepSpeed converts nothing after initialize: the first forward after a replaced param
+#: crashes on a missing ds_* attribute, listed): GatheredParameters takes any iterable for a list of params,
+#: a single tensor too (the Tensor exclusion dropped), so a single partitioned param is iterated as its empty
+#: data, nothing is gathered, and transformers' resize_token_embeddings reads the old embedding's size
+#: from the placeholder: the change itself raises, a new failure, not the listed one.
+BREAK_GATHER_SINGLE_PARAM = (
+    "runtime/zero/partition_parameters.py",
+    "        if isinstance(params, Iterable) and not isinstance(params, torch.Tensor):\n",
+    "        if isinstance(params, Iterable):\n",
+)
+
+#: Behind 008-d's module-only variant (load_optimizer_states=True with load_module_only=True loads the
+#: module state dict of ZeRO-3 placeholders, listed for that pair): a module-only load no longer takes the
+#: weights from the ZeRO shards (zero_to_fp32) but from the model-states file alone, so with
+#: load_optimizer_states=False too the engine keeps its fresh weights.
+BREAK_MODULE_ONLY_SHARDS = (
+    "runtime/engine.py",
+    "        if self.zero_optimization_partition_weights() and not load_optimizer_states and not self.has_moe_layers:\n",
+    "        if (self.zero_optimization_partition_weights() and not load_optimizer_states and not load_module_only\n"
+    "                and not self.has_moe_layers):\n",
+)
+
+#: Behind 008-i's use_node_local_storage variant (DeepSpeed bug 20: 'latest' written on global rank 0
+#: only, so node 1 resumed without a tag loads nothing, listed; its fallout once explained every check after
+#: the load, and the scenario now resumes every node from its tag): the ZeRO shards' optimizer states are
+#: no longer loaded (the option dropped in the call), so the resumed engine's Adam starts from zero moments.
+BREAK_ZERO_LOAD_OPTIMIZER = (
+    "runtime/engine.py",
+    "                                       load_optimizer_states=load_optimizer_states,\n"
+    "                                       load_from_fp32_weights=self.zero_load_from_fp32_weights(),\n",
+    "                                       load_optimizer_states=False,\n"
+    "                                       load_from_fp32_weights=self.zero_load_from_fp32_weights(),\n",
+)
+
+#: Behind 008-g's coalesce variant (DeepSpeed bug 16: the step after a coalesce_grad_reduction block steps
+#: only every k-th block, listed with its numeric fallout): the block's exit no longer clears the no_sync flag
+#: it set, so the next block asserts that it is nested inside another no_sync context.
+BREAK_COALESCE_NO_SYNC_RESET = (
+    "runtime/engine.py",
+    "            optimizer._coalesce_grad_reduction = False\n            self.inside_no_sync_ctxt = False\n",
+    "            optimizer._coalesce_grad_reduction = False\n",
+)
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -296,4 +358,10 @@ KNOWN_BADS = {
     "shared_by_data_ptr": (BREAK_SHARED_BY_DATA_PTR, ("004-g",), ()),
     "reuse_scan_own": (BREAK_REUSE_SCAN_OWN, ("000-e",), ()),
     "gathered_depth": (BREAK_GATHERED_DEPTH, ("base-i",), ()),
+    "hpz_secondary_update": (BREAK_HPZ_SECONDARY_UPDATE, ("007-b",), ("--zero3-profile=hpz",)),
+    "hpz_load_invalidate": (BREAK_HPZ_LOAD_INVALIDATE, ("007-e",), ("--zero3-profile=hpz",)),
+    "gather_single_param": (BREAK_GATHER_SINGLE_PARAM, ("007-d",), ()),
+    "module_only_shards": (BREAK_MODULE_ONLY_SHARDS, ("008-d",), ("-k", "module-only")),
+    "zero_load_optimizer": (BREAK_ZERO_LOAD_OPTIMIZER, ("008-i",), ("-k", "use_node_local_storage")),
+    "coalesce_no_sync_reset": (BREAK_COALESCE_NO_SYNC_RESET, ("008-g",), ("-k", "coalesce")),
 }
