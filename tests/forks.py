@@ -205,7 +205,6 @@ BREAK_OFFLOAD_NORM_ALLREDUCE = (
 )
 
 
-
 #: Known-bads of issue 54 (item 6): 0.19.8 with one edit that only a pair of features reaches, each
 #: flagged by the seq family's anchors (fixtures/seq/space.py ANCHORS) and by no hand-written contract.
 
