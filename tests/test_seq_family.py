@@ -35,7 +35,9 @@ def test_pairs_are_counted_against_all_the_space_allows():
     assert len(allowed["feature x action"]) == len(space.FEATURES) * len(space.ACTIONS)
     assert len(allowed["action x option"]) == options_
     assert len(allowed["option x config key"]) == options_ * (len(space.ZERO_KEYS) + len(space.TOP_KEYS))
-    example = space.spec(["tied"], {"reduce_scatter": False}, {}, [["train", {}], ["fp32", {"exclude_frozen_parameters": True}]])
+    example = space.spec(
+        ["tied"], {"reduce_scatter": False}, {}, [["train", {}], ["fp32", {"exclude_frozen_parameters": True}]]
+    )
     got = space.coverage([example])
     assert got["feature x action"]["pairs"] == ["tied | fp32", "tied | train"]
     assert got["option x config key"]["pairs"] == ["fp32.exclude_frozen_parameters=true | reduce_scatter"]
