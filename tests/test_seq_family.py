@@ -1,6 +1,7 @@
 """The seq family (``fixtures/seq/``, contract seq-a): the draw, its pairs, replay, the report's pair line,
 and the known-bads only pairs reach (tests/forks.py), flagged with a shrunk reproducer that replays."""
 
+import ast
 import json
 import re
 
@@ -67,8 +68,11 @@ def test_replay_takes_seq_examples_and_leaves_rule_ones_to_the_rule_family(tmp_p
 
 
 def test_the_reproducer_is_a_program():
+    """Why: a user pastes it; the example in it must be the Python value of the failing one."""
     for example in space.ANCHORS + space.draw_examples(3, None):
-        compile(space.program(example), "repro.py", "exec")
+        tree = ast.parse(space.program(example))
+        (value,) = [n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "example"]
+        assert ast.literal_eval(value) == example
 
 
 def _saved(stdout: str) -> str:
