@@ -88,10 +88,12 @@ def _prefixes(value: Any) -> tuple[str, ...]:
 
 
 def _replay(value: Any) -> tuple:
-    """The examples of ``--zero3-replay``, checked before any world starts (imports the rule library)."""
+    """The examples of ``--zero3-replay``, checked before any world starts: the seq family's, or else the
+    rule family's (imports their libraries)."""
     from pytest_zero3.fixtures.rule import rule_batch  # lazy: the suite's package, loaded by a session that uses it
+    from pytest_zero3.fixtures.seq import space
 
-    return rule_batch.load_replay(str(value))
+    return space.load_replay(str(value)) or rule_batch.load_replay(str(value))
 
 
 def _profiles(value: Any) -> tuple[str, ...]:
@@ -252,7 +254,7 @@ OPTIONS: tuple[Option, ...] = (
         "examples",
         _whole(0, "examples"),
         None,
-        "Generated examples per run of the rule family (default: its small CI budget).",
+        "Generated examples per run of the rule and seq families (default: their small CI budgets).",
         metavar="N",
         ini_type="int",
     ),
@@ -260,7 +262,7 @@ OPTIONS: tuple[Option, ...] = (
         "seed",
         _seed,
         None,
-        "Seed of the rule family's generated examples (default: a fixed derandomised one).",
+        "Seed of the rule and seq families' generated examples (default: a fixed derandomised one).",
         metavar="S",
         ini_type="int",
     ),
@@ -268,7 +270,7 @@ OPTIONS: tuple[Option, ...] = (
         "shrink",
         _whole(0, "worlds"),
         6,
-        "Worlds the rule family may start to shrink a failing example (0: report it unshrunk).",
+        "Worlds the rule and seq families may start to shrink a failing example (0: report it unshrunk).",
         metavar="N",
         ini_type="int",
     ),
@@ -276,7 +278,7 @@ OPTIONS: tuple[Option, ...] = (
         "replay",
         _replay,
         None,
-        "Run the rule family on these examples only: the file a failing rule test saved "
+        "Run the rule or seq family on these examples only: the file a failing rule or seq test saved "
         "(its failure prints the command), or an example's JSON.",
         metavar="FILE|JSON",
     ),

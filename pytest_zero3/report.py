@@ -51,6 +51,8 @@ from pytest_zero3.scenario import Unsupported
 from pytest_zero3.world import WorldFailure, WorldNotFormed
 
 SCHEMA, SCHEMA_VERSION = "pytest-zero3/report", 4
+#: The ``record_property`` name under which the seq family's test hands its drawn pairs to the report.
+PAIRS_PROPERTY = "zero3_pairs"
 #: The JSON Schema of the report (shipped with the package; scripts/render_matrix.py validates against it).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
 #: The terminal's and the summary's order.
@@ -103,6 +105,7 @@ class Report:
             str, dict
         ] = {}  # listed contract of several tests -> {"left": to run, "passed": n, "total": n}
         self._suite_configs: dict[str, dict] = {}  # profile -> the suite's config under it, flattened
+        self.pairs: dict[str, dict] = {}  # kind -> {"allowed": n, "pairs": drawn pairs}: the seq family's draw
         if reports:
             for option, path in (("--zero3-report", settings.report), ("--zero3-report-md", settings.report_md)):
                 check_writable(option, path)
@@ -265,6 +268,7 @@ class Report:
             expected_cause=expected.cause if expected else "",
             ranks=ranks if failed else [],
             identity=identity,
+            pairs=dict(rep.user_properties).get(PAIRS_PROPERTY) or {},
         )
 
     def add(self, rep) -> None:
@@ -276,6 +280,9 @@ class Report:
             self.identity = dict(data["identity"])
         if (data.get("identity") or {}).get("frameworks") and not self.identity.get("frameworks"):
             self.identity["frameworks"] = data["identity"]["frameworks"]  # the first run that loaded them
+        for kind, drawn in (data.get("pairs") or {}).items():  # a union over the tests (and xdist workers)
+            mine = self.pairs.setdefault(kind, {"allowed": drawn["allowed"], "pairs": []})
+            mine["pairs"] = sorted(set(mine["pairs"]) | set(drawn["pairs"]))
         status = Outcome(data["status"])
         row = self.rows.setdefault(data["id"], _row(data["id"], data["statement"]))
         row["duration"] += rep.duration
@@ -427,6 +434,18 @@ class Report:
         covered = self.surface()
         if covered is not None:
             tr.write_line(surface_line(covered, GAPS_SHOWN))
+        pairs = self.pairs_doc()
+        if pairs:
+            tr.write_line(pairs_line(pairs))
+
+    def pairs_doc(self) -> dict | None:
+        """The pairs the seq family drew, by kind, against all it allows (None: the family did not run)."""
+        if not self.pairs:
+            return None
+        return {
+            kind: {"drawn": len(v["pairs"]), "allowed": v["allowed"], "pairs": v["pairs"]}
+            for kind, v in self.pairs.items()
+        }
 
     def surface(self) -> dict | None:
         """The surface map's coverage of the implementation (None where it cannot be read)."""
@@ -456,6 +475,7 @@ class Report:
             summary=summary(rows),
             contracts=rows,
             surface=self.surface(),
+            pairs=self.pairs_doc(),
         )
         for option, path, render in (
             ("--zero3-report", self.settings.report, lambda: json.dumps(doc, indent=2)),
@@ -690,6 +710,14 @@ def surface_line(covered: dict, gaps_shown: int | None = None) -> str:
     if covered["unknown"]:
         text += f"; not in the map: {', '.join(covered['unknown'])}"
     return text
+
+
+def pairs_line(pairs: dict) -> str:
+    """One line: the pairs the seq family drew of each kind, against all the space allows (issue 54)."""
+    drawn = sum(v["drawn"] for v in pairs.values())
+    allowed = sum(v["allowed"] for v in pairs.values())
+    kinds = ", ".join(f"{kind} {v['drawn']}/{v['allowed']}" for kind, v in pairs.items())
+    return f"pairs drawn (seq family): {drawn} of {allowed} ({kinds}); --zero3-examples=N draws more"
 
 
 def verdict_line(rows, spec: str) -> str:

@@ -258,6 +258,28 @@ def _broadcast_model_with_scalars(original):
     return broadcast
 
 
+def _gathered_exit_with_scalars(original):
+    """``GatheredParameters`` with a ``modifier_rank`` broadcasts the modified params as bytes on exit, as
+    :func:`_broadcast_model_with_scalars`; ``save_16bit_model`` takes that path, so the 16-bit export of a
+    model with a 0-dim param raised (seq-a, DeepSpeed bug 15).  Each 0-dim param goes through a 1-element
+    view of its storage, and is 0-dim again after (a param it partitioned is restored from ``ds_shape`` at
+    its next gather)."""
+
+    @functools.wraps(original)
+    def exit_(self, *exc):
+        scalars = [p for p in getattr(self, "params", ()) if p.dim() == 0]
+        for p in scalars:
+            p.data = p.data.view(1)
+        try:
+            return original(self, *exc)
+        finally:
+            for p in scalars:
+                if p.data.numel() == 1 and p.data.dim() == 1:
+                    p.data = p.data.view(())
+
+    return exit_
+
+
 def _zero_init_param_with_scalars(original):
     """zero.Init broadcasts each new param from the group's first rank as bytes before partitioning it,
     which raised for a 0-dim param, as :func:`_broadcast_model_with_scalars`; the broadcast of a 0-dim
@@ -675,6 +697,13 @@ PATCHES = (
         "deepspeed.initialize raised on a model with a 0-dim param (its broadcast views every param as bytes, "
         "which torch refuses for a 0-dim tensor); each one is broadcast as a 1-element view (008-f, DeepSpeed "
         "bug 15)",
+    ),
+    Patch(
+        GatheredParameters,
+        "__exit__",
+        _wrapper(_gathered_exit_with_scalars),
+        "the same for GatheredParameters' broadcast on exit with a modifier_rank (save_16bit_model's path): "
+        "a 0-dim param is broadcast as a 1-element view (seq-a, DeepSpeed bug 15)",
     ),
     Patch(
         Init,
