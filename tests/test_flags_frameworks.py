@@ -37,6 +37,25 @@ SAVE_CHECKPOINT_SIGNATURE_HIDDEN = (
     "    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):",
 )
 
+#: set_gradient_accumulation_boundary mirrors the boundary into the ZeRO optimizer but the engine keeps
+#: its own micro-step count: accelerate's step at the end of the data, on a partial accumulation, is
+#: skipped (the engine's count says no boundary there), and the norm accelerate reads for it is the last
+#: step's.  No other contract calls set_gradient_accumulation_boundary.
+BOUNDARY_NOT_KEPT = (
+    "runtime/engine.py",
+    "        self._is_gradient_accumulation_boundary = is_boundary\n"
+    '        if hasattr(self.optimizer, "set_gradient_accumulation_boundary"):\n',
+    '        if hasattr(self.optimizer, "set_gradient_accumulation_boundary"):\n',
+)
+#: eval() marks the engine alone, its module stays in training mode: TRL's reference model (an engine
+#: without an optimizer, put in eval() by prepare_deepspeed) then scores with dropout on.  The tiny
+#: models have no dropout, so contracts that call eval() and judge outputs let it through.
+EVAL_MARKS_ENGINE_ONLY = (
+    "runtime/engine.py",
+    '    def eval(self):\n        r""""""\n\n        self.warn_unscaled_loss = True\n        self.module.train(False)\n',
+    '    def eval(self):\n        r""""""\n\n        self.warn_unscaled_loss = True\n        self.training = False\n',
+)
+
 #: fork -> (its edit, the contract that flags it, what the failure says)
 FORKS = {
     "scheduler-gets-wrapper": (SCHEDULER_GETS_WRAPPER, "fw-a", "DeepSpeedZeroOptimizer_Stage3 is not an Optimizer"),
@@ -49,6 +68,12 @@ FORKS = {
         SAVE_CHECKPOINT_SIGNATURE_HIDDEN,
         "fw-c",
         "not the 16 trainable ones (exclude_frozen_parameters)",
+    ),
+    "boundary-not-kept": (BOUNDARY_NOT_KEPT, "fw-b", "Accelerator: final weights, ZeRO-3 vs DDP"),
+    "eval-marks-engine-only": (
+        EVAL_MARKS_ENGINE_ONLY,
+        "fw-d",
+        "TRL's reference model is in training mode after the policy's steps",
     ),
 }
 
