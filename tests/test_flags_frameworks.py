@@ -8,6 +8,7 @@ half a minute each on 2 cores, so they run with the proofs (``--proofs``, script
 from __future__ import annotations
 
 import pytest
+from forks import BREAK_BACKWARD_RELEASE
 
 #: The engine gives a scheduler callable (what the Trainer passes when the config has an optimizer and
 #: no scheduler) the ZeRO-3 optimizer wrapper instead of the optimizer it wraps: torch's schedulers
@@ -56,7 +57,8 @@ EVAL_MARKS_ENGINE_ONLY = (
     '    def eval(self):\n        r""""""\n\n        self.warn_unscaled_loss = True\n        self.training = False\n',
 )
 
-#: fork -> (its edit, the contract that flags it, what the failure says)
+#: fork -> (its edit, the contract that flags it, what the failure says); the last: the rule model watching
+#: the engine accelerate built (a fork of the rule family's known-bads: backward releases deferred)
 FORKS = {
     "scheduler-gets-wrapper": (SCHEDULER_GETS_WRAPPER, "fw-a", "DeepSpeedZeroOptimizer_Stage3 is not an Optimizer"),
     "load-skips-torch-scheduler": (
@@ -75,6 +77,7 @@ FORKS = {
         "fw-d",
         "TRL's reference model is in training mode after the policy's steps",
     ),
+    "backward-release-deferred": (BREAK_BACKWARD_RELEASE, "fw-b", "Accelerator: the rule model: rank 0: rule-b"),
 }
 
 
@@ -87,6 +90,6 @@ def test_frameworks_flag_each_fork(run_suite, tmp_path_factory, name):
 
     change, cid, says = FORKS[name]
     fork = ForkCache(tmp_path_factory, {name: change})(name)
-    run = run_suite(fork, "fw")
+    run = run_suite(fork, cid)
     assert run.outcomes().get(cid) == "fail", run.stdout[-4000:]
     assert says in run.stdout, run.stdout[-4000:]
