@@ -38,23 +38,19 @@ SAVE_CHECKPOINT_SIGNATURE_HIDDEN = (
     "    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):",
 )
 
-#: set_gradient_accumulation_boundary mirrors the boundary into the ZeRO optimizer but the engine keeps
-#: its own micro-step count: accelerate's step at the end of the data, on a partial accumulation, is
-#: skipped (the engine's count says no boundary there), and the norm accelerate reads for it is the last
-#: step's.  No other contract calls set_gradient_accumulation_boundary.
-BOUNDARY_NOT_KEPT = (
+#: An engine built without an optimizer (TRL's reference model, prepare_deepspeed) gets DeepSpeed's default
+#: persistence threshold (1e5 elements), not the config's: every param of a small model stays gathered on
+#: every rank, and the rule model watching the reference model finds them AVAILABLE where the config's
+#: threshold partitions them.  007-b's reference engine runs at threshold 0 through both, and lets it through.
+INFERENCE_PERSISTENCE_DEFAULT = (
     "runtime/engine.py",
-    "        self._is_gradient_accumulation_boundary = is_boundary\n"
-    '        if hasattr(self.optimizer, "set_gradient_accumulation_boundary"):\n',
-    '        if hasattr(self.optimizer, "set_gradient_accumulation_boundary"):\n',
-)
-#: eval() marks the engine alone, its module stays in training mode: TRL's reference model (an engine
-#: without an optimizer, put in eval() by prepare_deepspeed) then scores with dropout on.  The tiny
-#: models have no dropout, so contracts that call eval() and judge outputs let it through.
-EVAL_MARKS_ENGINE_ONLY = (
-    "runtime/engine.py",
-    '    def eval(self):\n        r""""""\n\n        self.warn_unscaled_loss = True\n        self.module.train(False)\n',
-    '    def eval(self):\n        r""""""\n\n        self.warn_unscaled_loss = True\n        self.training = False\n',
+    "                    param_persistence_threshold=self.zero_param_persistence_threshold(),\n"
+    "                    model_persistence_threshold=self.zero_model_persistence_threshold(),\n"
+    "                    offload_param_config=self.zero_offload_param(),\n"
+    "                    mpu=self.mpu,\n",
+    "                    model_persistence_threshold=self.zero_model_persistence_threshold(),\n"
+    "                    offload_param_config=self.zero_offload_param(),\n"
+    "                    mpu=self.mpu,\n",
 )
 
 #: fork -> (its edit, the contract that flags it, what the failure says); the last: the rule model watching
@@ -71,11 +67,10 @@ FORKS = {
         "fw-c",
         "not the 16 trainable ones (exclude_frozen_parameters)",
     ),
-    "boundary-not-kept": (BOUNDARY_NOT_KEPT, "fw-b", "Accelerator: final weights, ZeRO-3 vs DDP"),
-    "eval-marks-engine-only": (
-        EVAL_MARKS_ENGINE_ONLY,
+    "inference-persistence-default": (
+        INFERENCE_PERSISTENCE_DEFAULT,
         "fw-d",
-        "TRL's reference model is in training mode after the policy's steps",
+        "TRL's reference model: the rule model: rank 0: rule-b",
     ),
     "backward-release-deferred": (BREAK_BACKWARD_RELEASE, "fw-b", "Accelerator: the rule model: rank 0: rule-b"),
 }
