@@ -17,7 +17,7 @@ from pytest_zero3.fixtures import verdicts
 
 
 @pytest.mark.zero3_preload("transformers", "accelerate")
-@pytest.mark.zero3_timeout(180)
+@pytest.mark.zero3_timeout(300)  # three Trainer runs, each compiled under the compile profile
 @pytest.mark.zero3_contract("fw-a")
 def test_trainer(zero3_world):
     """A user's ``Trainer`` run (``TrainingArguments(deepspeed=config)``, accumulation, clipping, a warm-up
@@ -37,7 +37,7 @@ def test_accelerator(zero3_world):
 
 
 @pytest.mark.zero3_preload("transformers", "accelerate", "peft")
-@pytest.mark.zero3_timeout(180)
+@pytest.mark.zero3_timeout(300)  # three Trainer runs, each compiled under the compile profile
 @pytest.mark.zero3_contract("fw-c")
 def test_trainer_peft(zero3_world):
     """A PEFT LoRA fine-tune in the ``Trainer`` (gradient checkpointing, ``save_model`` of the adapters,

@@ -38,16 +38,17 @@ SAVE_CHECKPOINT_SIGNATURE_HIDDEN = (
     "    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):",
 )
 
-#: An engine built without an optimizer (TRL's reference model, prepare_deepspeed) gets DeepSpeed's default
-#: persistence threshold (1e5 elements), not the config's: every param of a small model stays gathered on
-#: every rank, and the rule model watching the reference model finds them AVAILABLE where the config's
-#: threshold partitions them.  007-b's reference engine runs at threshold 0 through both, and lets it through.
-INFERENCE_PERSISTENCE_DEFAULT = (
+#: An engine built without an optimizer (TRL's reference model, prepare_deepspeed) partitions every param
+#: whatever the config's persistence threshold says (its DeepSpeedZeRoOffload built with threshold 0): the
+#: reference model's small params are all-gathered at every forward, and the rule model watching it finds
+#: persistent params partitioned (rule-e).  007-b's reference engine runs at threshold 0, and lets it through.
+INFERENCE_PARTITIONS_ALL = (
     "runtime/engine.py",
     "                    param_persistence_threshold=self.zero_param_persistence_threshold(),\n"
     "                    model_persistence_threshold=self.zero_model_persistence_threshold(),\n"
     "                    offload_param_config=self.zero_offload_param(),\n"
     "                    mpu=self.mpu,\n",
+    "                    param_persistence_threshold=0,\n"
     "                    model_persistence_threshold=self.zero_model_persistence_threshold(),\n"
     "                    offload_param_config=self.zero_offload_param(),\n"
     "                    mpu=self.mpu,\n",
@@ -67,10 +68,10 @@ FORKS = {
         "fw-c",
         "not the 16 trainable ones (exclude_frozen_parameters)",
     ),
-    "inference-persistence-default": (
-        INFERENCE_PERSISTENCE_DEFAULT,
+    "inference-partitions-all": (
+        INFERENCE_PARTITIONS_ALL,
         "fw-d",
-        "TRL's reference model: the rule model: rank 0: rule-b",
+        "TRL's reference model: the rule model: rank 0: rule-e",
     ),
     "backward-release-deferred": (BREAK_BACKWARD_RELEASE, "fw-b", "Accelerator: the rule model: rank 0: rule-b"),
 }
