@@ -1,8 +1,10 @@
 """Known-bad forks for the frameworks family: 0.19.8 with one edit on a path only the frameworks take.
 
 Each is a copy of the installed deepspeed with one edit (:mod:`forks`); the frameworks family must flag
-it, naming what the user would see.  A fork run copies DeepSpeed and starts a world of its own: about
-half a minute each on 2 cores, so they run with the proofs (``--proofs``, scripts/proofs.sh).
+it, naming what the user would see (the run selects that contract alone).  The last fork is on no framework
+path: it proves that the rule model watches the engine a framework built.  A fork run copies DeepSpeed and
+starts a world of its own: about half a minute each on 2 cores, so they run with the proofs (``--proofs``,
+scripts/proofs.sh).  What the rest of the suite does with each fork: docs/results/proofs.md.
 """
 
 from __future__ import annotations
