@@ -6,7 +6,10 @@
 # that deepspeed imports, run the whole suite against it with a JSON report (and the release's
 # expectations file when there is one), then render one Markdown table of contracts x releases into
 # the manual's page docs/results/release-matrix.md between the release-matrix markers (failure messages:
-# docs/release-matrix.md). A second run reuses the wheels and the venvs.
+# docs/release-matrix.md). Then the opt-in fw family (the frameworks: transformers, accelerate, PEFT, TRL at
+# the lock's versions) runs apart against the same release, into its own table between the
+# release-matrix-fw markers (messages: docs/release-matrix-fw.md); a release the frameworks refuse shows
+# its contracts unsupported with the reason. A second run reuses the wheels and the venvs.
 #
 # Usage: scripts/release-matrix.sh [RELEASE...]     (default: the releases below; with releases given,
 #        only those are built and run, and the table keeps the other columns from their last reports,
@@ -18,7 +21,9 @@
 #   ZERO3_MATRIX_PYTHON  interpreter the venvs are made from (default: python3)
 #   ZERO3_MATRIX_NICE    niceness of builds and suite runs (default: 15)
 #   ZERO3_MATRIX_RENDER  0 to skip rewriting the release-matrix pages (default: 1)
-#   ZERO3_MATRIX_SUITE   0 to only build the wheels and venvs (e.g. before `tox -e ds-X.Y.Z`)
+#   ZERO3_MATRIX_SUITE   0 to only build the wheels and venvs (e.g. before `tox -e ds-X.Y.Z`); fw to run
+#                        the fw family alone (the suite's columns stay as last measured)
+#   ZERO3_MATRIX_FW      0 to leave the fw family out (default: 1)
 #   PYTEST_ADDOPTS       passed through to every suite run (e.g. "-n 2")
 #
 # Adding a release: append it to RELEASES (and to TORCH_FOR if it does not import on the default
@@ -33,7 +38,9 @@ RELEASES=(0.14.5 0.15.4 0.16.9 0.17.6 0.18.9 0.19.2 0.19.3 0.19.8)
 DEFAULT_TORCH=2.13.0
 # release -> torch, for a release whose deepspeed does not import on DEFAULT_TORCH (none so far).
 declare -A TORCH_FOR=()
-PIN_DEPS=(transformers==5.24.0 peft==0.21.2 hypothesis==6.155.2 pytest==9.0.3 pytest-xdist==3.8.0)
+# The frameworks at the versions of the lock (accelerate) and of its note on the frameworks extra (trl, datasets).
+PIN_DEPS=(transformers==5.24.0 peft==0.21.2 accelerate==1.15.0 trl==1.16.0 datasets==5.2.0 hypothesis==6.155.2
+          pytest==9.0.3 pytest-xdist==3.8.0)
 
 cache="${ZERO3_MATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-zero3/ds-wheels}"
 out="${ZERO3_MATRIX_OUT:-$repo/reports/release-matrix}"
@@ -104,19 +111,21 @@ install_release() {  # release torch venv log wheel -> venv with torch, the whee
         || { status "$v" error "deepspeed $v's dependencies do not install (see $log)"; return 1; }
 }
 
-suite() {  # release -> JSON report; exit status of the run (0: green with the expectations file)
+suite() {  # release [fw] -> JSON report; exit status of the run (0: green with the expectations file)
     local v="$1" venv="$cache/venvs/deepspeed-$1" expect="$repo/conformance/expectations/deepspeed-$1.toml"
+    local name="deepspeed-$v${2:+-$2}"  # the fw family's run: deepspeed-X.Y.Z-fw.*
     local args=(--pyargs pytest_zero3.conformance --zero3-impl=installed -p no:cacheprovider
-                --zero3-report="$out/deepspeed-$v.json" --zero3-report-md="$out/deepspeed-$v.md")
+                --zero3-report="$out/$name.json" --zero3-report-md="$out/$name.md")
     [ -f "$expect" ] && args+=(--zero3-expect="$expect")
-    rm -f "$out/deepspeed-$v.json"
+    [ -n "${2:-}" ] && args+=(--zero3-select="$2")
+    rm -f "$out/$name.json"
     # From a scratch directory, so the installed package is what runs, not this checkout.
     local work; work="$(mktemp -d)"
-    (cd "$work" && run_nice "$venv/bin/python" -m pytest "${args[@]}") >"$out/deepspeed-$v.log" 2>&1
+    (cd "$work" && run_nice "$venv/bin/python" -m pytest "${args[@]}") >"$out/$name.log" 2>&1
     local rc=$?
     rm -rf "$work"
-    status "$v" exit "$rc" expectations "$([ -f "$expect" ] && echo "deepspeed-$v.toml" || echo "")"
-    [ -f "$out/deepspeed-$v.json" ] || status "$v" error "the suite wrote no report (exit $rc; see $out/deepspeed-$v.log)"
+    status "$v${2:+-$2}" exit "$rc" expectations "$([ -f "$expect" ] && echo "deepspeed-$v.toml" || echo "")"
+    [ -f "$out/$name.json" ] || status "$v${2:+-$2}" error "the suite wrote no report (exit $rc; see $out/$name.log)"
     return $rc
 }
 
@@ -136,18 +145,32 @@ for v in "${RELEASES[@]}"; do
     echo "deepspeed $v"
     if prepare "$v"; then
         [ "${ZERO3_MATRIX_SUITE:-1}" = 0 ] && { echo "  prepared in $((SECONDS - t0)) s"; continue; }
-        echo "  prepared in $((SECONDS - t0)) s; running the suite"
-        t1=$SECONDS
-        suite "$v"; rc=$?
-        echo "  suite exit $rc in $((SECONDS - t1)) s (log: $out/deepspeed-$v.log)"
-        status "$v" seconds "$((SECONDS - t1))"
+        echo "  prepared in $((SECONDS - t0)) s"
+        if [ "${ZERO3_MATRIX_SUITE:-1}" != fw ]; then
+            t1=$SECONDS
+            suite "$v"; rc=$?
+            echo "  suite exit $rc in $((SECONDS - t1)) s (log: $out/deepspeed-$v.log)"
+            status "$v" seconds "$((SECONDS - t1))"
+        fi
+        if [ "${ZERO3_MATRIX_FW:-1}" != 0 ]; then
+            rm -f "$out/deepspeed-$v-fw.status.json"
+            status "$v-fw" torch "${TORCH_FOR[$v]:-$DEFAULT_TORCH}" default_torch "$DEFAULT_TORCH"
+            t1=$SECONDS
+            suite "$v" fw; rc=$?
+            echo "  fw family exit $rc in $((SECONDS - t1)) s (log: $out/deepspeed-$v-fw.log)"
+            status "$v-fw" seconds "$((SECONDS - t1))"
+        fi
     else
-        echo "  skipped: $("$py" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("error"))' "$out/deepspeed-$v.status.json")"
+        why=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("error"))' "$out/deepspeed-$v.status.json")
+        echo "  skipped: $why"
+        [ "${ZERO3_MATRIX_FW:-1}" = 0 ] || { rm -f "$out/deepspeed-$v-fw.status.json"; status "$v-fw" error "$why"; }
     fi
 done
 echo "all releases in $((SECONDS - start)) s"
 if [ "${ZERO3_MATRIX_RENDER:-1}" != 0 ] && [ "${ZERO3_MATRIX_SUITE:-1}" != 0 ]; then
-    "$py" "$repo/scripts/render_matrix.py" --reports "$out" \
-        --page "$repo/docs/results/release-matrix.md" --details "$repo/docs/release-matrix.md" \
-        $(printf '%s\n' "${ALL[@]}" "${RELEASES[@]}" | sort -u)
+    shown=$(printf '%s\n' "${ALL[@]}" "${RELEASES[@]}" | sort -u)
+    [ "${ZERO3_MATRIX_SUITE:-1}" = fw ] || "$py" "$repo/scripts/render_matrix.py" --reports "$out" \
+        --page "$repo/docs/results/release-matrix.md" --details "$repo/docs/release-matrix.md" $shown
+    [ "${ZERO3_MATRIX_FW:-1}" = 0 ] || "$py" "$repo/scripts/render_matrix.py" --reports "$out" --family fw \
+        --page "$repo/docs/results/release-matrix.md" --details "$repo/docs/release-matrix-fw.md" $shown
 fi

@@ -1,13 +1,16 @@
 """Known-bad forks for the frameworks family: 0.19.8 with one edit on a path only the frameworks take.
 
 Each is a copy of the installed deepspeed with one edit (:mod:`forks`); the frameworks family must flag
-it, naming what the user would see.  A fork run copies DeepSpeed and starts a world of its own: about
-half a minute each on 2 cores, so they run with the proofs (``--proofs``, scripts/proofs.sh).
+it, naming what the user would see (the run selects that contract alone).  The last fork is on no framework
+path: it proves that the rule model watches the engine a framework built.  A fork run copies DeepSpeed and
+starts a world of its own: about half a minute each on 2 cores, so they run with the proofs (``--proofs``,
+scripts/proofs.sh).  What the rest of the suite does with each fork: docs/results/proofs.md.
 """
 
 from __future__ import annotations
 
 import pytest
+from forks import BREAK_BACKWARD_RELEASE
 
 #: The engine gives a scheduler callable (what the Trainer passes when the config has an optimizer and
 #: no scheduler) the ZeRO-3 optimizer wrapper instead of the optimizer it wraps: torch's schedulers
@@ -37,7 +40,24 @@ SAVE_CHECKPOINT_SIGNATURE_HIDDEN = (
     "    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):",
 )
 
-#: fork -> (its edit, the contract that flags it, what the failure says)
+#: An engine built without an optimizer (TRL's reference model, prepare_deepspeed) partitions every param
+#: whatever the config's persistence threshold says (its DeepSpeedZeRoOffload built with threshold 0): the
+#: reference model's small params are all-gathered at every forward, and the rule model watching it finds
+#: persistent params partitioned (rule-e).  007-b's reference engine runs at threshold 0, and lets it through.
+INFERENCE_PARTITIONS_ALL = (
+    "runtime/engine.py",
+    "                    param_persistence_threshold=self.zero_param_persistence_threshold(),\n"
+    "                    model_persistence_threshold=self.zero_model_persistence_threshold(),\n"
+    "                    offload_param_config=self.zero_offload_param(),\n"
+    "                    mpu=self.mpu,\n",
+    "                    param_persistence_threshold=0,\n"
+    "                    model_persistence_threshold=self.zero_model_persistence_threshold(),\n"
+    "                    offload_param_config=self.zero_offload_param(),\n"
+    "                    mpu=self.mpu,\n",
+)
+
+#: fork -> (its edit, the contract that flags it, what the failure says); the last: the rule model watching
+#: the engine accelerate built (a fork of the rule family's known-bads: backward releases deferred)
 FORKS = {
     "scheduler-gets-wrapper": (SCHEDULER_GETS_WRAPPER, "fw-a", "DeepSpeedZeroOptimizer_Stage3 is not an Optimizer"),
     "load-skips-torch-scheduler": (
@@ -50,6 +70,12 @@ FORKS = {
         "fw-c",
         "not the 16 trainable ones (exclude_frozen_parameters)",
     ),
+    "inference-partitions-all": (
+        INFERENCE_PARTITIONS_ALL,
+        "fw-d",
+        "TRL's reference model: the rule model: rank 0: rule-e",
+    ),
+    "backward-release-deferred": (BREAK_BACKWARD_RELEASE, "fw-b", "Accelerator: the rule model: rank 0: rule-b"),
 }
 
 
@@ -62,6 +88,6 @@ def test_frameworks_flag_each_fork(run_suite, tmp_path_factory, name):
 
     change, cid, says = FORKS[name]
     fork = ForkCache(tmp_path_factory, {name: change})(name)
-    run = run_suite(fork, "fw")
+    run = run_suite(fork, cid)
     assert run.outcomes().get(cid) == "fail", run.stdout[-4000:]
     assert says in run.stdout, run.stdout[-4000:]

@@ -229,3 +229,24 @@ def test_messages_carry_no_machine_paths(render):
     shown = render.clip(text)
     assert "/home/" not in shown and "/usr/" not in shown and "venvs" not in shown, shown
     assert ".../site-packages/deepspeed/utils/__init__.py" in shown and ".../dist-packages/torch/a.py" in shown
+
+
+def test_the_fw_family_has_its_own_table_and_messages(render, tmp_path):
+    """Why: the opt-in fw family runs apart from the suite (its own reports, deepspeed-X.Y.Z-fw.*); its
+    table must fill only its own markers, leave the suite's table as it is, and link to its own page."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "deepspeed-0.19.8-fw.json").write_text(json.dumps(_v3("0.19.8", {"fw-a": "pass", "fw-b": "FAIL"})))
+    (reports / "deepspeed-0.19.8-fw.status.json").write_text(json.dumps(dict(exit="1", expectations="x.toml")))
+    (reports / "deepspeed-0.14.5-fw.status.json").write_text(json.dumps(dict(error="the sdist does not build")))
+    suite = "<!-- release-matrix:start -->\nthe suite's table\n<!-- release-matrix:end -->\n"
+    page, _ = _pages(tmp_path, suite + "<!-- release-matrix-fw:start -->\n<!-- release-matrix-fw:end -->\n")
+    details = tmp_path / "docs" / "release-matrix-fw.md"
+    render.main(["0.14.5", "0.19.8", "--family", "fw", "--reports", str(reports), *page_args(page, details)])
+    text = page.read_text()
+    assert text.startswith(suite)
+    row = next(line for line in text.splitlines() if line.startswith("| `fw-b`"))
+    assert "| — | [FAIL](../release-matrix-fw.md#ds-0-19-8-fw-b) |" in row
+    assert "0.14.5**<br>not run: the sdist does not build" in text
+    messages = details.read_text()
+    assert messages.startswith("# The release matrix of the fw family") and '<a id="ds-0-19-8-fw-b"></a>' in messages
