@@ -29,7 +29,8 @@ checked by ``scripts/lint_imports.py`` in CI):
 4. worlds, one scenario call on every rank: ``launcher`` (under torchrun), ``world`` (forked ranks);
 5. processes: ``spawner``, ``zygote``, ``preload``, ``rank``: forkservers and the ranks they fork;
 6. shared types: ``job``, ``impl``, ``outcome``, ``scenario``, ``registry``, ``dsops``, ``protocol``,
-   ``_compat``, and ``accel``, the one adapter to DeepSpeed's accelerator;
+   ``_compat``, ``problem`` (a problem as a record: its text and its key), and ``accel``, the one
+   adapter to DeepSpeed's accelerator;
 7. the reference: ``reference_impl``, the coordinator and fixes a rank installs for ``--zero3-impl=reference``.
 
 Worlds and processes run the fixtures' scenario functions by reference (pickled), never import them;

@@ -48,6 +48,7 @@ from _pytest.outcomes import Failed  # pytest.fail.Exception, named so type chec
 from pytest_zero3 import world
 from pytest_zero3._compat import tomllib
 from pytest_zero3.outcome import first_failure, peer_gone
+from pytest_zero3.problem import Problem
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
@@ -77,6 +78,9 @@ class Expectation:
     #: The array form: one entry per set of variants, each with its own cause (this entry's own
     #: reason/match/raises are then only their summary).
     per_variant: tuple[Expectation, ...] = ()
+    #: Problem keys it explains (:func:`problem_key`), beside ``match``: a baseline's entry explains the
+    #: problems the baseline has, by key, whatever their values.
+    keys: frozenset[str] = frozenset()
 
     def covers(self, profile: str, variant: str | None = None, config: Callable[[], dict] | None = None) -> bool:
         """Whether it lists the contract's test under config profile ``profile`` and of ``variant``."""
@@ -109,8 +113,8 @@ class Expectation:
     @property
     def cause(self) -> str:
         """The expected cause in words, for messages and the report ("" when any failure is expected)."""
-        if self.source == "--zero3-baseline" and self.patterns:
-            return f"has only the {len(self.patterns)} problem(s) it has on the baseline"
+        if self.keys:
+            return f"has only the {len(self.keys)} problem(s) it has on the baseline"
         parts = []
         if self.raises:
             parts.append(f"raises {self.raises}")
@@ -126,8 +130,13 @@ class Expectation:
         return (self.match,) if isinstance(self.match, str) else tuple(self.match)
 
     def explains(self, problem: str) -> bool:
-        """Whether one problem's text is one this entry's cause covers (any, where it gives no ``match``)."""
-        return not self.patterns or any(re.search(p, problem) is not None for p in self.patterns)
+        """Whether one problem is one this entry's cause covers: its key is one of ``keys``, or its text
+        one a pattern finds (any problem, where the entry gives neither)."""
+        if self.keys and problem_key(problem) in self.keys:
+            return True
+        if not self.patterns:
+            return not self.keys
+        return any(re.search(p, problem) is not None for p in self.patterns)
 
     def unexplained(self, exc: BaseException) -> list[str]:
         """The problems of failure ``exc`` this entry does not explain: every one where ``exc`` is not of
@@ -151,17 +160,15 @@ _VALUE = "<value>"
 
 
 def problem_key(problem: str) -> str:
-    """A problem's stable key: its text with the measured values left out (:data:`_VALUES`), and of a
-    rank that failed for itself only its first line (a traceback's paths and line numbers differ
-    between a fork and its upstream)."""
+    """A problem's stable key: a record's own (:class:`pytest_zero3.problem.Problem`: what was checked
+    and where), else its text with the measured values left out (:data:`_VALUES`), and of a rank that
+    failed for itself only its first line (a traceback's paths and line numbers differ between a fork
+    and its upstream)."""
+    if isinstance(problem, Problem):
+        return problem.key
     if re.match(r"rank \d+: ", problem):
         problem = problem.splitlines()[0]
     return _VALUES.sub(_VALUE, problem)
-
-
-def key_pattern(key: str) -> str:
-    """A regex that finds exactly the problems of ``key`` (:func:`problem_key`), whatever their values."""
-    return r"\A" + re.escape(key).replace(re.escape(_VALUE), f"(?:{_VALUE_RE})") + r"(?:\n[\s\S]*)?\Z"
 
 
 def problems(exc: BaseException) -> list[str]:
@@ -172,7 +179,7 @@ def problems(exc: BaseException) -> list[str]:
     another rank failed for itself), else the failure's whole text."""
     found = getattr(exc, "problems", None)
     if found:
-        return [str(p) for p in found]
+        return [p if isinstance(p, str) else str(p) for p in found]
     outcomes = getattr(exc, "outcomes", None)
     if outcomes:
         failed = [o for o in outcomes if not o.ok and o.status != "stopped"]

@@ -185,3 +185,41 @@ def test_a_problem_the_baseline_does_not_have_is_a_regression_inside_a_contract_
     assert entry.unexplained(new) == [expectations.problems(new)[1]]
     assert baseline.verdict("fail", "fail", new_problems=True) == "regression"
     assert baseline.verdict("fail", "fail") == ""
+
+
+def test_a_record_is_judged_by_what_was_checked_and_where_not_by_its_values():
+    """Issue 53 item 1: a problem is a record, its key the check and its places (variant, step, param,
+    rank); the values stay in its text.  A masked text kept the first differing element's index; the
+    record's key does not, and it survives the rank boundary (pickle), the merge of ranks and the
+    assertion's subject."""
+    import pickle
+
+    from pytest_zero3.fixtures import verdicts
+
+    from pytest_zero3 import expectations
+
+    def differs(step, first, rel):
+        text = (
+            f"step {step}: gradient of 0.weight: 3 of 16 elements differ from the twin's; first at {first}: rel {rel}"
+        )
+        return verdicts.record(text, "values differ from the twin's", at=f"step {step}: gradient of 0.weight")
+
+    def failure(*per_rank):
+        try:
+            verdicts.assert_clean([pickle.loads(pickle.dumps(lines)) for lines in per_rank], "reads (offload)")
+        except AssertionError as exc:
+            return exc
+        raise AssertionError("assert_clean passed")
+
+    there = failure([differs(2, 5, 0.1)], [differs(2, 5, 0.1)])
+    (problem,) = expectations.problems(there)
+    assert problem.startswith("reads (offload):\n  ranks 0, 1: step 2: gradient of 0.weight")
+    key = expectations.problem_key(problem)
+    assert key == "values differ from the twin's | what=reads (offload) | at=step 2: gradient of 0.weight | rank=0, 1"
+    doc = {"contracts": [{"id": "008-a", "outcome": "fail", "reason": "AssertionError", "problems": [key]}]}
+    entry = baseline.expected_failures(doc, "installed")["008-a"]
+    assert entry.matches(failure([differs(2, 11, 0.7)], [differs(2, 9, 0.3)]))  # other values: no news
+    later = failure([differs(3, 5, 0.1)], [differs(3, 5, 0.1)])
+    assert entry.unexplained(later) == expectations.problems(later)  # another step: a new problem
+    one_rank = failure([differs(2, 5, 0.1)], [])
+    assert entry.unexplained(one_rank) == expectations.problems(one_rank)  # another set of ranks
