@@ -89,9 +89,11 @@ def _prefixes(value: Any) -> tuple[str, ...]:
 
 def _replay(value: Any) -> tuple:
     """The examples of ``--zero3-replay``, checked before any world starts (imports the rule library)."""
-    from pytest_zero3.fixtures.rule import rule_batch  # lazy: the suite's package, loaded by a session that uses it
+    from pytest_zero3.fixtures.pytest_side import (
+        rule_replay,  # lazy: the suite's package, loaded by a session that uses it
+    )
 
-    return rule_batch.load_replay(str(value))
+    return rule_replay.load_replay(str(value))
 
 
 def _profiles(value: Any) -> tuple[str, ...]:
