@@ -295,7 +295,7 @@ OPTIONS: tuple[Option, ...] = (
         _text,
         None,
         "A DeepSpeed config (JSON or YAML) overlaid onto every contract's config, except the keys "
-        "the contract is about; draw:SEED overlays the fork config drawn from SEED (fixtures/overlays.py). "
+        "the contract is about; draw:SEED overlays the fork config drawn from SEED (fixtures/pytest_side/overlays.py). "
         "One world first builds one engine under it: a config the implementation refuses at initialize "
         "is a usage error naming the key and the implementation's words.",
         metavar="FILE|draw:SEED",

@@ -31,7 +31,7 @@ and known_failure), so a report made with an expectations file still shows what 
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
 ``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  ``surface`` is
-the ZeRO-3 surface map's coverage of the implementation (:mod:`pytest_zero3.fixtures.surface`; optional,
+the ZeRO-3 surface map's coverage of the implementation (:mod:`pytest_zero3.fixtures.pytest_side.surface`; optional,
 absent in older reports).  Version 4
 added the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had
 neither; version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
@@ -129,7 +129,7 @@ class Report:
         keys = zero_keys.header(info.get("deepspeed_path", ""))
         if keys:  # a fork's own ZeRO keys, or ones it lacks: what the rule family's draw leaves out
             lines.append("zero3: " + keys)
-        from pytest_zero3.fixtures import surface
+        from pytest_zero3.fixtures.pytest_side import surface
 
         entries = surface.header(info.get("deepspeed_path", ""))
         if entries:  # a fork's own ZeRO-3 entry points, options or config keys, or ones it lacks
@@ -430,7 +430,7 @@ class Report:
 
     def surface(self) -> dict | None:
         """The surface map's coverage of the implementation (None where it cannot be read)."""
-        from pytest_zero3.fixtures import surface  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import surface  # lazy: the suite's package, loaded by a session that uses it
 
         covered = surface.summary(impl.describe_without_import(self.settings.spec).get("deepspeed_path", ""))
         return covered.as_dict() if covered is not None else None
@@ -675,7 +675,7 @@ GAPS_SHOWN = 8
 def surface_line(covered: dict, gaps_shown: int | None = None) -> str:
     """The surface map's coverage in one line: counts, then the gaps by name (options beside their
     entry; ``gaps_shown``: the first so many, then a count)."""
-    from pytest_zero3.fixtures import surface
+    from pytest_zero3.fixtures.pytest_side import surface
 
     kinds = ", ".join(f"{n} {surface.KINDS[k]}" for k, n in covered["reasons"].items() if k != "gap" and n)
     text = (
