@@ -97,9 +97,11 @@ def _replay(value: Any) -> tuple:
 
 
 def _profiles(value: Any) -> tuple[str, ...]:
-    from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+    from pytest_zero3.fixtures.pytest_side import (
+        profile_options,  # lazy: the suite's package, loaded by a session that uses it
+    )
 
-    return profiles.parse_names(str(value))
+    return profile_options.parse_names(str(value))
 
 
 def _flag(value: Any) -> bool:
@@ -428,10 +430,12 @@ def settings_from(config: pytest.Config) -> Settings:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings.config:
-        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import (
+            profile_options,  # lazy: the suite's package, loaded by a session that uses it
+        )
 
         try:
-            profiles.load_config_file(settings.config)
+            profile_options.load_config_file(settings.config)
         except ValueError as exc:
             raise pytest.UsageError(f"{exc} (set by {where['config']})") from None
     return settings

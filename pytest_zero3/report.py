@@ -121,9 +121,11 @@ class Report:
         if settings.baseline is not None:
             lines.append(f"zero3: baseline={settings.baseline.text} ({settings.baseline.label}), judged against it")
         if settings.profile != ("fp32",) or settings.config or not settings.poison:
-            from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+            from pytest_zero3.fixtures.pytest_side import (
+                profile_options,  # lazy: the suite's package, loaded by a session that uses it
+            )
 
-            lines.append("zero3: " + profiles.report_header(settings))
+            lines.append("zero3: " + profile_options.report_header(settings))
         from pytest_zero3.fixtures.rule import zero_keys
 
         keys = zero_keys.header(info.get("deepspeed_path", ""))
@@ -227,9 +229,10 @@ class Report:
         """The suite's config under ``profile`` and ``--zero3-config``, flattened (an expectation's ``when``)."""
         if profile not in self._suite_configs:
             from pytest_zero3.fixtures import profiles  # lazy: the suite's package, asked only by a `when`
+            from pytest_zero3.fixtures.pytest_side import profile_options
 
             self._suite_configs[profile] = profiles.suite_config(
-                profile, profiles.config_overlay(self.settings), self.settings.world_size
+                profile, profile_options.config_overlay(self.settings), self.settings.world_size
             )
         return self._suite_configs[profile]
 
@@ -334,9 +337,11 @@ class Report:
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
         info.update(backend=self.settings.backend, world_size=self.world_size())
-        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import (
+            profile_options,  # lazy: the suite's package, loaded by a session that uses it
+        )
 
-        info.update(profiles.report_implementation(self.settings))
+        info.update(profile_options.report_implementation(self.settings))
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
         return info
 
@@ -363,9 +368,9 @@ class Report:
         if self.settings.profile != ("fp32",):
             tr.write_line(f"profiles: {', '.join(self.settings.profile)}")
         if self.settings.config:
-            from pytest_zero3.fixtures import profiles
+            from pytest_zero3.fixtures.pytest_side import profile_options
 
-            tr.write_line(profiles.summary_line(self.settings))
+            tr.write_line(profile_options.summary_line(self.settings))
         warning = impl.base_warning(self.settings.spec)
         if warning:
             tr.write_line(f"warning: {warning}", yellow=True)
@@ -430,7 +435,9 @@ class Report:
 
     def surface(self) -> dict | None:
         """The surface map's coverage of the implementation (None where it cannot be read)."""
-        from pytest_zero3.fixtures.pytest_side import surface  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import (
+            surface,  # lazy: the suite's package, loaded by a session that uses it
+        )
 
         covered = surface.summary(impl.describe_without_import(self.settings.spec).get("deepspeed_path", ""))
         return covered.as_dict() if covered is not None else None
