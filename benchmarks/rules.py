@@ -25,6 +25,7 @@ def worker(rank, args, store):
         from pytest_zero3 import reference_impl
 
         reference_impl.install()
+    from pytest_zero3.fixtures.rule import examples
     from pytest_zero3.fixtures.rule import generated as f
 
     out = []
@@ -33,7 +34,7 @@ def worker(rank, args, store):
         result = f.run_one(spec)
         run_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        bad = f.violations(result)
+        bad = examples.violations(result)
         out.append((run_s, time.perf_counter() - t0, bad))
     if rank == 0:
         runs = [r for r, _, _ in out]
@@ -65,11 +66,13 @@ def main():
     parser.add_argument("--examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
-    from pytest_zero3.fixtures.rule import rule_batch as rb
+    from pytest_zero3.fixtures.pytest_side.rule_anchors import ANCHORS
+    from pytest_zero3.fixtures.pytest_side.rule_generation import draw_examples
+    from pytest_zero3.fixtures.pytest_side.rule_plan import DEFAULT_EXAMPLES
 
-    n = rb.DEFAULT_EXAMPLES if args.examples is None else args.examples
-    specs = rb.ANCHORS + rb.draw_examples(n, args.seed)
-    print(f"default budget: {len(rb.ANCHORS)} anchors + {rb.DEFAULT_EXAMPLES} generated examples")
+    n = DEFAULT_EXAMPLES if args.examples is None else args.examples
+    specs = list(ANCHORS.values()) + draw_examples(n, args.seed)
+    print(f"default budget: {len(ANCHORS)} anchors + {DEFAULT_EXAMPLES} generated examples")
     groups = {}  # an example runs at its own drawn world size; the anchors at --world
     for spec in specs:
         groups.setdefault(spec.get("ranks") or args.world, []).append(spec)

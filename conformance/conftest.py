@@ -11,6 +11,7 @@ import types
 
 import pytest
 from pytest_zero3.fixtures import contract, profiles
+from pytest_zero3.fixtures.pytest_side import profile_options
 
 from pytest_zero3 import accel, options, registry
 from pytest_zero3.scenario import Unsupported
@@ -100,7 +101,7 @@ def pytest_itemcollected(item):
         return
     item.add_marker(pytest.mark.zero3_preload(*scenario_modules(getattr(item, "module", None))))
     settings = options.settings(item.config)
-    if profiles.cpu_adam(profiles.config_overlay(settings)):
+    if profiles.cpu_adam(profile_options.config_overlay(settings)):
         item.add_marker(pytest.mark.zero3_preload(CPU_ADAM_PRELOAD))
     if any(profiles.PROFILES[name].compile_backend for name in settings.profile if name in profiles.PROFILES):
         item.add_marker(pytest.mark.zero3_preload(COMPILE_PRELOAD))
@@ -146,25 +147,25 @@ def zero3_world(zero3_world, zero3_profile, request):
     world = zero3_world
     if profile.min_world_size > getattr(world, "size", profile.min_world_size) and hasattr(world, "resized"):
         world = world.resized(profile.min_world_size) or world  # short of devices: the rank says so
-    user = profiles.config_overlay(settings)
+    user = profile_options.config_overlay(settings)
     profiles.activate(zero3_profile, user, getattr(world, "size", settings.world_size))  # the test's side
     yield ProfileWorld(world, zero3_profile, user, settings.poison)
     profiles.activate(profiles.DEFAULT, {})
 
 
 class ProfileWorld:
-    """A world whose :meth:`run` wraps the scenario in :func:`profiles.call` on every rank."""
+    """A world whose :meth:`run` wraps the scenario in :func:`pytest_zero3.fixtures.profile_run.call` on every rank."""
 
     def __init__(self, world, profile: str, user: dict, poison: bool = False):
         self._world, self.profile, self._user, self._poison = world, profile, user, poison
 
     def run(self, fn, *args, **kwargs):
         self._check_device()
-        return self._world.run(profiles.call, self.profile, self._user, fn, args, kwargs, poison=self._poison)
+        return self._world.run(profiles.CALL, self.profile, self._user, fn, args, kwargs, poison=self._poison)
 
     def outcomes(self, fn, *args, **kwargs):
         self._check_device()
-        return self._world.outcomes(profiles.call, self.profile, self._user, fn, args, kwargs, poison=self._poison)
+        return self._world.outcomes(profiles.CALL, self.profile, self._user, fn, args, kwargs, poison=self._poison)
 
     def _check_device(self):
         """A GPU-only profile where the ranks will run on the CPU accelerator: unsupported before any

@@ -6,22 +6,22 @@ Spec: the ZeRO-3 config docs (``stage3_max_reuse_distance``, ``stage3_prefetch_b
 
 Examples: fixed anchors (each aimed at one rule, so every run covers every rule, and one per bug the
 family found) plus ``--zero3-examples`` drawn by hypothesis, or only the examples of
-``--zero3-replay``; :mod:`pytest_zero3.fixtures.rule.rule_batch` generates, batches, shrinks, saves and
-replays them.  The session runs the batch once (also under pytest-xdist) and the parent judges the
+``--zero3-replay``; :mod:`pytest_zero3.fixtures.pytest_side` plans, generates, batches, shrinks, saves
+and replays them.  The session runs the batch once (also under pytest-xdist) and the parent judges the
 records, so each contract below reads the same run.
 """
 
 from __future__ import annotations
 
 import pytest
-from pytest_zero3.fixtures.rule import rule_batch
+from pytest_zero3.fixtures.pytest_side import rule_batch, rule_plan
 
 from pytest_zero3 import expectations, options
 
 
 @pytest.fixture(scope="session")
 def zero3_rule_batch(request, tmp_path_factory):
-    """The session's :class:`pytest_zero3.fixtures.rule.rule_batch.Batch`: every rule test reads its one run."""
+    """The session's :class:`pytest_zero3.fixtures.pytest_side.rule_batch.Batch`: every rule test reads its one run."""
     config = request.config
     settings = options.settings(config)
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
@@ -32,7 +32,7 @@ def zero3_rule_batch(request, tmp_path_factory):
     # under pytest-xdist every worker's temp dir sits in the controller's, which is this session's alone
     shared = str(tmp_path_factory.getbasetemp().parent) if hasattr(config, "workerinput") else None
     expected = expectations.load(settings.expect)  # checked already: a listed rule's cause, per example
-    return rule_batch.Batch(settings, rule_batch.plan(settings), failures, shared, expected)
+    return rule_batch.Batch(settings, rule_plan.plan(settings), failures, shared, expected)
 
 
 @pytest.mark.zero3_timeout(600)

@@ -9,7 +9,7 @@ is judged against the twin.  :mod:`pytest_zero3.fixtures.seq` draws, runs, shrin
 from __future__ import annotations
 
 import pytest
-from pytest_zero3.fixtures.seq import batch
+from pytest_zero3.fixtures.pytest_side import seq_batch as batch
 
 from pytest_zero3 import expectations, options, report
 

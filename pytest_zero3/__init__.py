@@ -24,8 +24,9 @@ checked by ``scripts/lint_imports.py`` in CI):
 1. the suite: ``conformance``, the contracts pytest collects;
 2. pytest's face, in pytest's process: ``plugin`` (the pytest11 entry point), ``cli``, ``report``,
    ``gitbisect``, ``baseline``, ``expectations``, ``markers``, ``options``, ``judging``;
-3. the fixtures: ``fixtures``, what scenarios are built from; they run inside ranks, and pytest's face
-   reads their profiles and rule model;
+3. the fixtures: ``fixtures``, what scenarios are built from; they run inside ranks, but for
+   ``fixtures.pytest_side``, which pytest's face alone imports and which imports neither torch nor
+   deepspeed (two more contracts), and the torch-free modules both sides read;
 4. worlds, one scenario call on every rank: ``launcher`` (under torchrun), ``world`` (forked ranks);
 5. processes: ``spawner``, ``zygote``, ``preload``, ``rank``: forkservers and the ranks they fork;
 6. shared types: ``job``, ``impl``, ``outcome``, ``scenario``, ``registry``, ``dsops``, ``protocol``,

@@ -8,10 +8,30 @@ forkserver and the ranks receive the :class:`~pytest_zero3.impl.Spec` itself, ne
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import tempfile
 
 from pytest_zero3.impl import Spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Named:
+    """A scenario function named by its module and name, imported where it is called: in the rank.
+
+    Why: pytest's side of the fixtures (``pytest_zero3.fixtures.pytest_side``) imports neither torch nor
+    deepspeed, yet starts worlds that run rank functions (the rule family's examples, the config probe);
+    a function pickles by reference, which would import its module, and torch, in pytest's process."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args, **kwargs):
+        return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:  # how a world names the scenario in its messages
+        return self.name
+
 
 #: How the temp files and directories of pytest-zero3 sessions are named (:func:`session_dir`).
 TEMP_PREFIX = "pytest-zero3-"

@@ -90,16 +90,19 @@ def _prefixes(value: Any) -> tuple[str, ...]:
 def _replay(value: Any) -> tuple:
     """The examples of ``--zero3-replay``, checked before any world starts: the seq family's, or else the
     rule family's (imports their libraries)."""
-    from pytest_zero3.fixtures.rule import rule_batch  # lazy: the suite's package, loaded by a session that uses it
+    # lazy: the suite's package, loaded by a session that uses it
+    from pytest_zero3.fixtures.pytest_side import rule_replay
     from pytest_zero3.fixtures.seq import space
 
-    return space.load_replay(str(value)) or rule_batch.load_replay(str(value))
+    return space.load_replay(str(value)) or rule_replay.load_replay(str(value))
 
 
 def _profiles(value: Any) -> tuple[str, ...]:
-    from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+    from pytest_zero3.fixtures.pytest_side import (
+        profile_options,  # lazy: the suite's package, loaded by a session that uses it
+    )
 
-    return profiles.parse_names(str(value))
+    return profile_options.parse_names(str(value))
 
 
 def _flag(value: Any) -> bool:
@@ -295,7 +298,7 @@ OPTIONS: tuple[Option, ...] = (
         _text,
         None,
         "A DeepSpeed config (JSON or YAML) overlaid onto every contract's config, except the keys "
-        "the contract is about; draw:SEED overlays the fork config drawn from SEED (fixtures/overlays.py). "
+        "the contract is about; draw:SEED overlays the fork config drawn from SEED (fixtures/pytest_side/overlays.py). "
         "One world first builds one engine under it: a config the implementation refuses at initialize "
         "is a usage error naming the key and the implementation's words.",
         metavar="FILE|draw:SEED",
@@ -428,10 +431,12 @@ def settings_from(config: pytest.Config) -> Settings:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings.config:
-        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import (
+            profile_options,  # lazy: the suite's package, loaded by a session that uses it
+        )
 
         try:
-            profiles.load_config_file(settings.config)
+            profile_options.load_config_file(settings.config)
         except ValueError as exc:
             raise pytest.UsageError(f"{exc} (set by {where['config']})") from None
     return settings

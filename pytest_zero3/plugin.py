@@ -261,7 +261,7 @@ class Zero3Session:
         """``--zero3-config``: before any test (and before the baseline's run), one world builds one engine
         of a small model under the overlay; where the implementation refuses it at ``initialize`` the
         session is one usage error naming the key and the implementation's words
-        (:func:`pytest_zero3.fixtures.profiles.refusal`), not a failure per contract.  Only in the
+        (:func:`pytest_zero3.fixtures.pytest_side.profile_options.refusal`), not a failure per contract.  Only in the
         process that runs the session (not an xdist worker: the controller probed) and not under a
         launcher (the ranks are this process's peers); ``--collect-only`` runs nothing, so probes nothing."""
         settings = self.settings
@@ -269,7 +269,9 @@ class Zero3Session:
             return
         if self.config.option.collectonly:
             return
-        from pytest_zero3.fixtures import profiles  # lazy: loaded only by a session given --zero3-config
+        from pytest_zero3.fixtures.pytest_side import (
+            profile_options,  # lazy: loaded only by a session given --zero3-config
+        )
 
         self.start(settings.world_size, settings)
         with tempfile.TemporaryDirectory(prefix="zero3-probe-") as base:
@@ -279,10 +281,10 @@ class Zero3Session:
                 settings.timeout,
                 settings.spec,
                 base,
-                preload=profiles.probe_preload(settings),
+                preload=profile_options.probe_preload(settings),
                 startup_timeout=settings.startup_timeout,
             )
-            problem = profiles.refusal(world, settings)
+            problem = profile_options.refusal(world, settings)
         if problem:
             raise pytest.UsageError(problem)
 

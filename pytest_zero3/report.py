@@ -31,7 +31,7 @@ and known_failure), so a report made with an expectations file still shows what 
 
 ``outcome`` is one of the :class:`~pytest_zero3.outcome.Outcome` values (stable lowercase words).
 ``verdict`` compares it with the baseline's (:func:`pytest_zero3.baseline.verdict`).  ``surface`` is
-the ZeRO-3 surface map's coverage of the implementation (:mod:`pytest_zero3.fixtures.surface`; optional,
+the ZeRO-3 surface map's coverage of the implementation (:mod:`pytest_zero3.fixtures.pytest_side.surface`; optional,
 absent in older reports).  Version 4
 added the baseline fields; version 3 added ``world_error`` and ``expected_cause``; version 2 had
 neither; version 1 used "FAIL", "known failure" and "unexpected pass" and had no "not_run" or "source".
@@ -124,15 +124,17 @@ class Report:
         if settings.baseline is not None:
             lines.append(f"zero3: baseline={settings.baseline.text} ({settings.baseline.label}), judged against it")
         if settings.profile != ("fp32",) or settings.config or not settings.poison:
-            from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+            from pytest_zero3.fixtures.pytest_side import (
+                profile_options,  # lazy: the suite's package, loaded by a session that uses it
+            )
 
-            lines.append("zero3: " + profiles.report_header(settings))
+            lines.append("zero3: " + profile_options.report_header(settings))
         from pytest_zero3.fixtures.rule import zero_keys
 
         keys = zero_keys.header(info.get("deepspeed_path", ""))
         if keys:  # a fork's own ZeRO keys, or ones it lacks: what the rule family's draw leaves out
             lines.append("zero3: " + keys)
-        from pytest_zero3.fixtures import surface
+        from pytest_zero3.fixtures.pytest_side import surface
 
         entries = surface.header(info.get("deepspeed_path", ""))
         if entries:  # a fork's own ZeRO-3 entry points, options or config keys, or ones it lacks
@@ -230,9 +232,10 @@ class Report:
         """The suite's config under ``profile`` and ``--zero3-config``, flattened (an expectation's ``when``)."""
         if profile not in self._suite_configs:
             from pytest_zero3.fixtures import profiles  # lazy: the suite's package, asked only by a `when`
+            from pytest_zero3.fixtures.pytest_side import profile_options
 
             self._suite_configs[profile] = profiles.suite_config(
-                profile, profiles.config_overlay(self.settings), self.settings.world_size
+                profile, profile_options.config_overlay(self.settings), self.settings.world_size
             )
         return self._suite_configs[profile]
 
@@ -341,9 +344,11 @@ class Report:
     def implementation(self) -> dict:
         info = impl.describe_without_import(self.settings.spec)
         info.update(backend=self.settings.backend, world_size=self.world_size())
-        from pytest_zero3.fixtures import profiles  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import (
+            profile_options,  # lazy: the suite's package, loaded by a session that uses it
+        )
 
-        info.update(profiles.report_implementation(self.settings))
+        info.update(profile_options.report_implementation(self.settings))
         info.update(self.identity)  # what the ranks actually ran wins over what was predicted
         return info
 
@@ -370,9 +375,9 @@ class Report:
         if self.settings.profile != ("fp32",):
             tr.write_line(f"profiles: {', '.join(self.settings.profile)}")
         if self.settings.config:
-            from pytest_zero3.fixtures import profiles
+            from pytest_zero3.fixtures.pytest_side import profile_options
 
-            tr.write_line(profiles.summary_line(self.settings))
+            tr.write_line(profile_options.summary_line(self.settings))
         warning = impl.base_warning(self.settings.spec)
         if warning:
             tr.write_line(f"warning: {warning}", yellow=True)
@@ -449,7 +454,9 @@ class Report:
 
     def surface(self) -> dict | None:
         """The surface map's coverage of the implementation (None where it cannot be read)."""
-        from pytest_zero3.fixtures import surface  # lazy: the suite's package, loaded by a session that uses it
+        from pytest_zero3.fixtures.pytest_side import (
+            surface,  # lazy: the suite's package, loaded by a session that uses it
+        )
 
         covered = surface.summary(impl.describe_without_import(self.settings.spec).get("deepspeed_path", ""))
         return covered.as_dict() if covered is not None else None
@@ -695,7 +702,7 @@ GAPS_SHOWN = 8
 def surface_line(covered: dict, gaps_shown: int | None = None) -> str:
     """The surface map's coverage in one line: counts, then the gaps by name (options beside their
     entry; ``gaps_shown``: the first so many, then a count)."""
-    from pytest_zero3.fixtures import surface
+    from pytest_zero3.fixtures.pytest_side import surface
 
     kinds = ", ".join(f"{n} {surface.KINDS[k]}" for k, n in covered["reasons"].items() if k != "gap" and n)
     text = (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole suite under drawn fork configs (--zero3-config=draw:SEED, fixtures/overlays.py): the reference
+# The whole suite under drawn fork configs (--zero3-config=draw:SEED, fixtures/pytest_side/overlays.py): the reference
 # must pass every contract under each, and stock deepspeed may fail only what its expectations file lists.
 # A red is the suite's mistake (fixed in the twin, fixtures/twin.py) or a real bug (docs/results/bugs.md):
 # `pytest --pyargs pytest_zero3.conformance --zero3-impl=reference --zero3-config=draw:SEED` replays it.
@@ -20,7 +20,7 @@ export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 if [ $# -gt 0 ]; then
     seeds=$(seq "$1" $(( $1 + ${2:-8} - 1 )))
 else
-    seeds=$(python -c 'from pytest_zero3.fixtures import overlays; print(*overlays.covering())')
+    seeds=$(python -c 'from pytest_zero3.fixtures.pytest_side import overlays; print(*overlays.covering())')
 fi
 out=proofs/draws
 mkdir -p "$out"

@@ -28,7 +28,7 @@ class Case:
     must_pass: frozenset[str] = frozenset()  # must pass (the bug cannot show there)
     check: Callable | None = None  # extra assertions on the tests.conftest.Run
     extra: tuple = ()  # more pytest arguments for the run
-    anchors: tuple = ()  # indices into rule_batch.ANCHORS that catch the bug: the bite replays only these
+    anchors: tuple = ()  # names of the anchors that catch the bug (rule_anchors.ANCHORS): the bite replays only these
 
     @property
     def name(self) -> str:
@@ -186,7 +186,7 @@ CASES = (
         frozenset({"rule-b", "rule-f"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(1,),
+        anchors=("window-two-layers-tied",),
     ),
     Case(
         "prefetch_counts_shards.py:PrefetchCountsShards",
@@ -194,7 +194,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(0,),
+        anchors=("release-at-forward-end",),
     ),
     # axis bf16: exact at fp32, so every hand-written contract and every fp32 anchor passes; only the
     # rule family's bf16 anchor shows it
@@ -204,7 +204,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(14,),
+        anchors=("bf16-offload-bucket",),
     ),
     Case(
         "prefetch_ignores_max_live.py:PrefetchIgnoresMaxLive",
@@ -212,7 +212,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(5,),
+        anchors=("bucket-capped-by-max-live",),
     ),
     Case(
         "partitions_persistent_in_backward.py:PartitionsPersistentInBackward",
@@ -221,7 +221,7 @@ CASES = (
         frozenset({"rule-e", "rule-f", "base-e"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(3,),
+        anchors=("persistent-biases",),
     ),
     Case(
         "backward_window_off_by_one.py:BackwardWindowOffByOne",
@@ -229,7 +229,7 @@ CASES = (
         frozenset({"rule-b", "rule-f"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(1,),
+        anchors=("window-two-layers-tied",),
     ),
     Case(
         "live_count_reset.py:LiveCountReset",
@@ -237,7 +237,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(6,),
+        anchors=("eval-keeps-window-gathered",),
     ),
     Case(
         "stale_external_params.py:StaleExternalParams",
@@ -245,7 +245,7 @@ CASES = (
         frozenset({"rule-h"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(7,),
+        anchors=("external-param-accumulation",),
     ),
     Case(
         "prefetch_charges_gathered.py:PrefetchChargesGathered",
@@ -253,7 +253,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(0,),
+        anchors=("release-at-forward-end",),
     ),
     Case(
         "no_prefetch_in_eval.py:NoPrefetchInEval",
@@ -261,7 +261,7 @@ CASES = (
         frozenset({"rule-d"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(6,),
+        anchors=("eval-keeps-window-gathered",),
     ),
     Case(
         "trace_warnings_always.py:TraceWarningsAlways",
@@ -276,7 +276,7 @@ CASES = (
         frozenset({"rule-a"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(8,),
+        anchors=("eval-trace-then-longer-pass",),
     ),
     # the re-recorded trace starts with the stale half: it stops matching at the first backward (rule-g), and
     # until then prefetch and the reuse window follow it (rule-c/d/f)
@@ -286,7 +286,7 @@ CASES = (
         frozenset({"rule-c", "rule-d", "rule-f", "rule-g"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(13,),
+        anchors=("rehook-while-recording",),
     ),
     Case(
         "inflight_after_divergence.py:InflightAfterDivergence",
@@ -294,7 +294,7 @@ CASES = (
         frozenset({"rule-a"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(9,),
+        anchors=("routing-diverges-from-trace",),
     ),
     Case(
         "backward_in_eval_mode.py:BackwardInEvalMode",
@@ -302,7 +302,7 @@ CASES = (
         frozenset({"rule-a", "zoo-e"}),  # zoo-e: LLaVA's projector trains in eval(); the other models pass
         COORDINATOR_FAMILIES + ",zoo",
         extra=ANCHORS_ONLY,
-        anchors=(9,),
+        anchors=("routing-diverges-from-trace",),
     ),
     Case(
         "keeps_returned_params.py:KeepsReturnedParams",
@@ -310,7 +310,7 @@ CASES = (
         frozenset({"rule-b", "rule-f"}),
         COORDINATOR_FAMILIES,
         extra=ANCHORS_ONLY,
-        anchors=(12,),
+        anchors=("returned-param",),
     ),
     # the gc-object census of 001-d misses it; the retained-memory bound (tracemalloc) catches it
     Case(

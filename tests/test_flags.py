@@ -17,7 +17,7 @@ import json
 
 import pytest
 from flags import ANCHORS_ONLY, CASES, Case
-from pytest_zero3.fixtures.rule import rule_batch
+from pytest_zero3.fixtures.pytest_side import rule_anchors
 
 from conftest import BAD
 
@@ -28,7 +28,7 @@ def _run(run_suite, case: Case, select: str, anchors: tuple = ()):
     file, cls = case.coordinator.split(":")
     extra = case.extra
     if anchors:
-        replay = json.dumps([rule_batch.ANCHORS[i] for i in anchors])
+        replay = json.dumps(rule_anchors.named(*anchors))
         extra = (*(a for a in extra if a not in ANCHORS_ONLY), f"--zero3-replay={replay}")
     elif any(cid.startswith("rule-") for cid in select.split(",")) and ANCHORS_ONLY[0] not in extra:
         extra = (*extra, *ANCHORS_ONLY)

@@ -127,10 +127,10 @@ def test_rule_model_judges_each_checkpointed_modules_backward(run_suite, cost_fo
     import json
 
     from forks import ForkCache
-    from pytest_zero3.fixtures.rule import rule_batch
+    from pytest_zero3.fixtures.rule import examples as rule_examples
 
     zero = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 0}
-    examples = [rule_batch.spec(["ckpt", "linear"], zero, reentrant=r, steps=3, ranks=1) for r in (False, True)]
+    examples = [rule_examples.spec(["ckpt", "linear"], zero, reentrant=r, steps=3, ranks=1) for r in (False, True)]
     replay = f"--zero3-replay={json.dumps(examples)}"
     forks = {
         "grads_remaining_never_reset": (cost_fork("grads_remaining_never_reset"), "1 of 2 examples (examples [0]"),

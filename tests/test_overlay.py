@@ -122,7 +122,7 @@ def test_known_bad_coordinator_still_flagged_under_torch_autocast(run_suite, tmp
     assert run.outcomes().get("base-a") == "fail" and run.returncode == 1, run.stdout[-4000:]
 
 
-#: Drawn fork configs CI runs (fixtures/overlays.py): 0 is bf16 with both offloads, 4 micro-steps per step
+#: Drawn fork configs CI runs (fixtures/pytest_side/overlays.py): 0 is bf16 with both offloads, 4 micro-steps per step
 #: and bf16 reductions; 8 is fp32 under DeepSpeed's torch_autocast with no
 #: safe modules, 3 micro-steps, clipping 1.0, reduce_scatter off with pre-scaling and a predivide factor of
 #: 2, fp32 reductions and a reduce bucket of 1000 elements.  The proof run draws the seeds that cover
@@ -144,7 +144,7 @@ def test_the_proof_draws_cover_every_value_of_every_key_the_surface_map_lists():
     """Why (issue 54): a draw over 13 hand-picked keys left ``torch_autocast``, ``data_types``, the
     reduction's dtype and scaling and bf16 masters undrawn; every key of the surface map that changes the
     twin is drawn or says why not, and the proof run's seeds draw every value of each (pure Python)."""
-    from pytest_zero3.fixtures import overlays, surface
+    from pytest_zero3.fixtures.pytest_side import overlays, surface
 
     drawn = {k.split(".")[0] for k in overlays.all_values()} | set(overlays.NOT_DRAWN)
     changes_the_twin = {"torch_autocast", "data_types", "communication_data_type", "prescale_gradients"}
@@ -171,7 +171,7 @@ def test_the_proof_draws_cover_every_value_of_every_key_the_surface_map_lists():
 
 def test_draws_replay_and_bad_seeds_are_usage_errors(pytester):
     """A draw is a function of its seed alone; ``draw:x`` is refused before any world starts."""
-    from pytest_zero3.fixtures import overlays
+    from pytest_zero3.fixtures.pytest_side import overlays
 
     assert overlays.draw(8) == overlays.draw(8) and overlays.draw(8) != overlays.draw(0)
     assert overlays.draw(8)["gradient_accumulation_steps"] == 3

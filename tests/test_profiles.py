@@ -1,4 +1,4 @@
-"""Config profiles and --zero3-config (fixtures/profiles.py): names, the overlay's precedence, usage
+"""Config profiles and --zero3-config (fixtures/profiles.py, fixtures/pytest_side/profile_options.py): names, the overlay's precedence, usage
 errors before any world starts, and test IDs.  The known-bad coordinator that only hpZ shows is a
 case of tests/flags.py (hpz_mixed_gather)."""
 
@@ -6,16 +6,17 @@ import json
 
 import pytest
 from pytest_zero3.fixtures import profiles
+from pytest_zero3.fixtures.pytest_side import profile_options
 
 from pytest_zero3 import registry
 
 
 def test_profile_names_parse_and_unknown_ones_name_the_choices():
-    assert profiles.parse_names(None) == ("fp32",)
-    assert profiles.parse_names("hpz, zinit,hpz") == ("hpz", "zinit")
-    assert profiles.parse_names("all") == tuple(profiles.PROFILES)
+    assert profile_options.parse_names(None) == ("fp32",)
+    assert profile_options.parse_names("hpz, zinit,hpz") == ("hpz", "zinit")
+    assert profile_options.parse_names("all") == tuple(profiles.PROFILES)
     with pytest.raises(ValueError, match="unknown profile nope; choose from fp32, bf16-offload"):
-        profiles.parse_names("fp32,nope")
+        profile_options.parse_names("fp32,nope")
 
 
 def test_every_profile_runs_some_contracts_and_scenarios_name_only_profiles():
@@ -55,11 +56,13 @@ def test_overlay_precedence_user_then_profile_then_contract(monkeypatch):
 def test_config_file_json_and_yaml(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"overlap_comm": False}}))
     (tmp_path / "ds.yaml").write_text("zero_optimization:\n  overlap_comm: false\n")
-    assert profiles.load_config_file(str(tmp_path / "ds.json")) == profiles.load_config_file(str(tmp_path / "ds.yaml"))
+    assert profile_options.load_config_file(str(tmp_path / "ds.json")) == profile_options.load_config_file(
+        str(tmp_path / "ds.yaml")
+    )
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="is not valid JSON"):
-        profiles.load_config_file(str(tmp_path / "bad.json"))
-    line = profiles.header_line(("fp32", "hpz"), "ds.json", {"zero_optimization": {"overlap_comm": False}})
+        profile_options.load_config_file(str(tmp_path / "bad.json"))
+    line = profile_options.header_line(("fp32", "hpz"), "ds.json", {"zero_optimization": {"overlap_comm": False}})
     assert line == "profiles: fp32, hpz; config overlay ds.json (keys: zero_optimization.overlap_comm)"
 
 
@@ -92,24 +95,29 @@ def test_report_header_and_implementation_fields(tmp_path):
     from types import SimpleNamespace
 
     settings = SimpleNamespace(profile=("fp32",), config=None, world_size=2, poison=True)
-    assert profiles.report_header(settings) == "profiles: fp32"
-    assert profiles.report_implementation(settings) == {"profiles": ["fp32"], "config_overlay": None, "poison": True}
+    assert profile_options.report_header(settings) == "profiles: fp32"
+    assert profile_options.report_implementation(settings) == {
+        "profiles": ["fp32"],
+        "config_overlay": None,
+        "poison": True,
+    }
     off = SimpleNamespace(profile=("fp32",), config=None, world_size=2, poison=False)
     assert (
-        profiles.report_header(off) == "profiles: fp32; uninitialised memory not filled with NaN (--zero3-poison=off)"
+        profile_options.report_header(off)
+        == "profiles: fp32; uninitialised memory not filled with NaN (--zero3-poison=off)"
     )
-    assert profiles.report_implementation(off)["poison"] is False
-    assert profiles.summary_line(settings) == ""
+    assert profile_options.report_implementation(off)["poison"] is False
+    assert profile_options.summary_line(settings) == ""
     user = {"bf16": {"enabled": True}, "gradient_accumulation_steps": 2, "optimizer": {"type": "Adam"}}
     (tmp_path / "ds.json").write_text(json.dumps(user))
     settings = SimpleNamespace(profile=("hpz",), config=str(tmp_path / "ds.json"), world_size=2, poison=False)
-    overlay = profiles.report_implementation(settings)["config_overlay"]
+    overlay = profile_options.report_implementation(settings)["config_overlay"]
     assert overlay["keys"] == ["bf16.enabled", "gradient_accumulation_steps", "optimizer.type"]
     # what it changed in the contracts' configs (the batch follows the accumulation), what it could not
     assert overlay["effective"] == {"bf16.enabled": True, "gradient_accumulation_steps": 2, "train_batch_size": 8}
     assert overlay["ignored"] == ["optimizer.type"]
-    assert "ds.json" in profiles.report_header(settings)
-    assert profiles.summary_line(settings) == (
+    assert "ds.json" in profile_options.report_header(settings)
+    assert profile_options.summary_line(settings) == (
         f"config overlay: {settings.config}; changed: bf16.enabled=true, gradient_accumulation_steps=2, "
         "train_batch_size=8; not applied (the contracts own them): optimizer.type"
     )

@@ -366,11 +366,11 @@ def test_default_examples_are_reproducible():
     """The rule family's default examples are the same on every run: CI must not flake on a new draw."""
     import json
 
-    from pytest_zero3.fixtures.rule import rule_batch
+    from pytest_zero3.fixtures.pytest_side import rule_generation
 
-    assert json.dumps(rule_batch.draw_examples(4, None)) == json.dumps(rule_batch.draw_examples(4, None))
-    assert json.dumps(rule_batch.draw_examples(4, 7)) == json.dumps(rule_batch.draw_examples(4, 7))
-    assert json.dumps(rule_batch.draw_examples(4, 7)) != json.dumps(rule_batch.draw_examples(4, None))
+    assert json.dumps(rule_generation.draw_examples(4, None)) == json.dumps(rule_generation.draw_examples(4, None))
+    assert json.dumps(rule_generation.draw_examples(4, 7)) == json.dumps(rule_generation.draw_examples(4, 7))
+    assert json.dumps(rule_generation.draw_examples(4, 7)) != json.dumps(rule_generation.draw_examples(4, None))
 
 
 def _external_events(step0: bool):

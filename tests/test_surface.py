@@ -1,4 +1,4 @@
-"""The ZeRO-3 surface map (``fixtures/surface.py``, ``conformance/surface.toml``): the installed DeepSpeed's
+"""The ZeRO-3 surface map (``fixtures/pytest_side/surface.py``, ``conformance/surface.toml``): the installed DeepSpeed's
 entry points, options and config keys all named, every named contract real, a fork's differences in the
 header, and the coverage in the report.
 
@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from forks import edit
-from pytest_zero3.fixtures import surface
+from pytest_zero3.fixtures.pytest_side import surface
 
 from conftest import ROOT
 from pytest_zero3 import impl, registry, report

@@ -16,10 +16,10 @@ from conftest import ROOT
 SECOND_ORACLE = re.compile(
     r"torch\.optim\.(?!lr_scheduler)|clip_grad_norm_|plain_precision\(|\ballclose\(|\bisclose\(|compare_tensors"
 )
-#: Where the twin lives (and profiles.py, which keeps the autocast wrapper the twin calls); and the
+#: Where the twin lives (and precision.py, which keeps the autocast wrapper the twin calls); and the
 #: frameworks family, whose subject is a user's own loop (its optimizer, its clipping), run once under
 #: ZeRO-3 and once under DDP and compared through twin.compare.
-ALLOWED = {"fixtures/twin.py", "fixtures/profiles.py", "fixtures/frameworks.py"}
+ALLOWED = {"fixtures/twin.py", "fixtures/precision.py", "fixtures/frameworks.py"}
 
 
 def test_no_comparison_with_plain_torch_outside_the_twin():

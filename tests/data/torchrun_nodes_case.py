@@ -61,7 +61,7 @@ def hpz_step():
 
 @pytest.mark.zero3_contract("996-b", "hpz's secondary partition is one node's ranks")
 def test_hpz_secondary_partition_is_one_node(zero3_world):
-    out = zero3_world.run(profiles.call, "hpz", {}, hpz_step, (), {})
+    out = zero3_world.run(profiles.CALL, "hpz", {}, hpz_step, (), {})
     assert out == [(2, [0, 1]), (2, [0, 1]), (2, [2, 3]), (2, [2, 3])]
 
 
