@@ -55,11 +55,23 @@ def _world_size(value: Any) -> int:
     return number
 
 
+#: ``--zero3-seed=date``: the seed is today's UTC date as YYYYMMDD, so a nightly run draws anew each day
+#: and every day's draw replays with the number the run prints (``--zero3-seed=20261206``).
+DATE_SEED = "date"
+
+
 def _seed(value: Any) -> int:
+    text = str(value).strip()
+    if text == DATE_SEED:
+        import datetime
+
+        return int(datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d"))
     try:
-        return int(str(value).strip())
+        return int(text)
     except ValueError:
-        raise ValueError(f"give a whole number as the seed, not {value!r}") from None
+        raise ValueError(
+            f"give a whole number as the seed, or {DATE_SEED!r} (today's, YYYYMMDD), not {value!r}"
+        ) from None
 
 
 def _seconds(value: Any) -> float:
@@ -265,9 +277,10 @@ OPTIONS: tuple[Option, ...] = (
         "seed",
         _seed,
         None,
-        "Seed of the rule and seq families' generated examples (default: a fixed derandomised one).",
-        metavar="S",
-        ini_type="int",
+        "Seed of the rule and seq families' generated examples (default: a fixed derandomised one); "
+        "'date': today's UTC date as YYYYMMDD, a new draw each day that replays by its number.",
+        metavar="S|date",
+        ini_type="string",
     ),
     Option(
         "shrink",

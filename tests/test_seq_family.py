@@ -23,6 +23,29 @@ def test_the_draw_is_derandomised_and_follows_the_seed():
         assert size is None or size in space.boundaries(example["features"]), example
 
 
+def test_a_week_of_date_seeds_draws_nearly_every_pair_and_each_day_replays_by_its_number():
+    """Why (issue 54, item 3): CI judges one fixed draw; a nightly ``--zero3-seed=date`` draws anew each
+    day, and over a week of them the default budget reaches (nearly) every pair the space allows, each
+    day's draw the one its printed number replays."""
+    import datetime
+
+    today = options._seed("date")
+    assert today == int(datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d"))
+    assert options._seed(str(today)) == today
+    with pytest.raises(ValueError, match="'date'"):
+        options._seed("tomorrow")
+    anchors = [dict(e) for e in space.ANCHORS]
+    allowed = sum(len(v) for v in space.allowed_pairs().values())
+
+    def drawn(days):
+        week = datetime.date(2026, 12, 7)  # a fixed week: the figure is the draw's, not today's
+        seeds = [int((week + datetime.timedelta(d)).strftime("%Y%m%d")) for d in range(days)]
+        examples = anchors + [e for s in seeds for e in space.draw_examples(space.DEFAULT_EXAMPLES, s)]
+        return sum(v["drawn"] for v in space.coverage(examples).values())
+
+    assert drawn(1) < drawn(7) and drawn(7) >= allowed - 5 and drawn(14) == allowed
+
+
 def test_sizes_are_drawn_at_the_models_own_boundaries():
     """Why: bucket and partition arithmetic has its edges at a param's numel, one off, and a layer's grads."""
     assert space.boundaries([]) == [3, 4, 5, 15, 16, 17, 20]
