@@ -338,6 +338,30 @@ BREAK_COALESCE_NO_SYNC_RESET = (
     "            optimizer._coalesce_grad_reduction = False\n",
 )
 
+#: Behind base-j (a z3 leaf whose input has no grad crashes step 0's backward, listed): the granularity
+#: threshold's container exclusion narrowed to the containers that never run a forward (ModuleList,
+#: ModuleDict), so a Sequential is a leaf candidate too, and the threshold flags the model's root (its
+#: granularity 816 // 5 = 163) in place of the experts.  The root's backward crashes as the experts' did;
+#: the leaf it picked is the new problem.
+BREAK_THRESHOLD_CONTAINER = (
+    "runtime/zero/parameter_offload.py",
+    "        if module.__class__.__name__ in torch.nn.modules.container.__all__:\n",
+    "        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):\n",
+)
+
+
+#: Behind 008-h's predivide variant without reduce-scatter (DeepSpeed bug 17: every gradient halved, listed
+#: by that ratio): the global gradient norm is no longer all-reduced over the partition group, so each rank
+#: clips its partition by the norm of its own.  The halved gradients already differ from the twin's at
+#: every micro-step; the step from them is judged apart (the weights after it, a problem bug 17 has not).
+BREAK_GRAD_NORM_ALLREDUCE = (
+    "runtime/zero/stage3.py",
+    "                total_norm_cuda = torch.sum(torch.pow(torch.stack(grad_norms), norm_type))\n\n"
+    "            dist.all_reduce(total_norm_cuda, op=dist.ReduceOp.SUM, group=process_group)\n",
+    "                total_norm_cuda = torch.sum(torch.pow(torch.stack(grad_norms), norm_type))\n\n",
+)
+
+
 #: Known-bads of issue 54 (item 6): 0.19.8 with one edit that only a pair of features reaches, each
 #: flagged by the seq family's anchors (fixtures/seq/space.py ANCHORS) and by no hand-written contract.
 
@@ -404,6 +428,12 @@ KNOWN_BADS = {
     "module_only_shards": (BREAK_MODULE_ONLY_SHARDS, ("008-d",), ("-k", "module-only")),
     "zero_load_optimizer": (BREAK_ZERO_LOAD_OPTIMIZER, ("008-i",), ("-k", "use_node_local_storage")),
     "coalesce_no_sync_reset": (BREAK_COALESCE_NO_SYNC_RESET, ("008-g",), ("-k", "coalesce")),
+    "threshold_container": (BREAK_THRESHOLD_CONTAINER, ("base-j",), ()),
+    "grad_norm_allreduce": (
+        BREAK_GRAD_NORM_ALLREDUCE,
+        ("008-h",),
+        ("-k", "gradient_predivide_factor-no_reduce_scatter"),
+    ),
     "tied_recovery": (BREAK_TIED_RECOVERY, ("seq-a",), ()),
     "ipg_exact_fit": (BREAK_IPG_EXACT_FIT, ("seq-a",), ()),
     "allreduce_fetch_unaligned": (BREAK_ALLREDUCE_FETCH_UNALIGNED, ("seq-a",), ()),
