@@ -386,6 +386,19 @@ BREAK_INIT_MODULE_TRAINABLE_ONLY = (
 )
 
 
+#: Behind 008-j's zero_param_parallel_group variant (DeepSpeed bug 19: zero.Init sizes hpZ's secondary
+#: partitions by DeepSpeed's own hpZ group, none before the first engine, and the first forward's gather over
+#: the given group raises, listed): zero.Init sizes them by the group it is given (half of bug 19's fix) but
+#: still takes each rank's place in the group from DeepSpeed's own (the global rank), so on the ranks of
+#: the second group the first forward's gather indexes its group's partitions by the global rank and
+#: raises an IndexError: the sizes are right, the gather's error is another than the one the entry names.
+BREAK_HPZ_GROUP_RANK = (
+    "runtime/zero/partition_parameters.py",
+    "            self.num_ranks_in_param_group = groups._get_zero_param_intra_parallel_group_world_size()\n",
+    "            self.num_ranks_in_param_group = dist.get_world_size(group=self.zero_param_process_group)\n",
+)
+
+
 #: Known-bads of issue 54 (item 6): 0.19.8 with one edit that only a pair of features reaches, each
 #: flagged by the seq family's anchors (fixtures/seq/space.py ANCHORS) and by no hand-written contract.
 
@@ -460,6 +473,7 @@ KNOWN_BADS = {
     ),
     "numel_by_dims": (BREAK_NUMEL_BY_DIMS, ("008-f",), ("-k", "scalar", "--zero3-profile=zinit")),
     "init_module_trainable_only": (BREAK_INIT_MODULE_TRAINABLE_ONLY, ("002-g",), ("-k", "frozen-norms")),
+    "hpz_group_rank": (BREAK_HPZ_GROUP_RANK, ("008-j",), ("-k", "zero_param_parallel_group")),
     "tied_recovery": (BREAK_TIED_RECOVERY, ("seq-a",), ()),
     "ipg_exact_fit": (BREAK_IPG_EXACT_FIT, ("seq-a",), ()),
     "allreduce_fetch_unaligned": (BREAK_ALLREDUCE_FETCH_UNALIGNED, ("seq-a",), ()),
