@@ -44,6 +44,10 @@ class Problem(str):
         more = tuple((str(k), str(v)) for k, v in where)
         return Problem(text, self.check, more + self.where if first else self.where + more)
 
+    def at(self, label: str) -> Problem:
+        """The problem as read at ``label`` (a step, a phase): ``label: text``, ``at=label`` its first place."""
+        return self.relabelled(f"{label}: {self}", ("at", label), first=True)
+
 
 def record(text: str, check: str, **where: object) -> Problem:
     """A :class:`Problem` (for a scenario: ``problems.append(record(line, "loss vs the twin", step=2))``);
