@@ -116,18 +116,23 @@ def _preconditions(model: str, runs, rank: int) -> list[str]:
             continue
         steps = len(run.get("steps", []))
         if steps <= fz.STEPS:
-            out.append(
+            line = (
                 f"{label}: the probe saw {steps} passes, expected {fz.STEPS} training steps and the generate() forwards"
             )
+            out.append(verdicts.record(line, "scenario precondition: the probe saw every pass", at=label))
         if not fz.prefetched(run):
-            out.append(
+            line = (
                 f"{label}: no hook event after the first pass gathered params ahead of its module: prefetch (bucket "
                 f"{fz.PREFETCH_BUCKET}) never ran"
             )
+            out.append(verdicts.record(line, "scenario precondition: prefetch ran", at=label))
         held = run.get("eval_in_training", [])
         if model == "llava" and not {"model.vision_tower", "model.multi_modal_projector"} <= set(held):
-            out.append(
+            line = (
                 f"{label}: the vision tower and the projector must be in eval() while training; modules in eval(): "
                 f"{held[:8]}"
+            )
+            out.append(
+                verdicts.record(line, "scenario precondition: the vision tower and the projector in eval()", at=label)
             )
     return out
