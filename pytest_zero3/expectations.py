@@ -7,6 +7,7 @@ TOML, comments allowed::
     "000-a" = { reason = "prefetch-skip retention (PR 9003)", match = "still gathered after .* released" }
     "001-b" = { reason = "stale release sets (PR 8883)", raises = "AssertionError" }
     "002-g" = "reason only: any failure of 002-g counts as this one"
+    "005-c" = { reason = "bug 11", key = "is AVAILABLE, not partitioned \\| what=.* \\| at=second wrap " }
     "007-b" = { reason = "hpZ only (DeepSpeed issue 4901)", match = "already initialized", profiles = ["hpz"] }
     "008-a" = { reason = "offloaded reads", match = "safe_get_local_grad", variants = ["offload"] }
     "008-g" = [
@@ -15,11 +16,13 @@ TOML, comments allowed::
     ]
 
 A listed contract becomes a pytest ``xfail`` at collection.  ``match`` (a regular expression, or a
-list of them, each searched as ``pytest.raises(match=...)`` does) and ``raises`` (an exception type's
-name: the test's own exception or the one a rank raised) pin the failure's cause.  **A known failure
+list of them, each searched as ``pytest.raises(match=...)`` does) in a problem's text, ``key`` (the
+same, in a problem's key: :func:`problem_key`, a record's check and places, none of its values) and
+``raises`` (an exception type's name: the test's own exception or the one a rank raised) pin the
+failure's cause.  **A known failure
 explains only its own problems**: a failure is judged problem by problem (each line a scenario
 reports, each rank that raised for itself: :func:`problems`), every problem must be explained by one
-of the entry's patterns, and a failure with any problem no pattern explains is a new failure that
+of the entry's patterns (a ``match`` pattern that finds its text, or a ``key`` pattern its key), and a failure with any problem no pattern explains is a new failure that
 names the unexplained ones ("behind the known failure of 008-b: ...").  So an entry names each
 consequence of its bug that the test shows (a list of patterns), never a blanket, and a second bug
 behind the same ID fails the run.  The plain ``"ID" = "reason"`` form pins no
@@ -52,7 +55,7 @@ from pytest_zero3.problem import Problem
 
 FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
-    '(or raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] / when = {"bf16.enabled" = true} '
+    '(or key = "regex of the problem\'s key", raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] / when = {"bf16.enabled" = true} '
     "to list those tests only), "
     'an array of such tables each with its variants, or "000-a" = "reason" to expect any failure'
 )
@@ -63,7 +66,7 @@ class Expectation:
     """Why one contract is known to fail, and which failure that is (no ``match``/``raises``: any)."""
 
     reason: str
-    #: One pattern or several: each problem of the failure must be found by one of them.
+    #: One pattern or several: each problem of the failure must be found by one of them (or of ``key``).
     match: str | tuple[str, ...] | None = None
     raises: str | None = None
     #: Who lists it: the expectations file, or a baseline that fails the contract too (pytest_zero3.baseline),
@@ -81,6 +84,8 @@ class Expectation:
     #: Problem keys it explains (:func:`problem_key`), beside ``match``: a baseline's entry explains the
     #: problems the baseline has, by key, whatever their values.
     keys: frozenset[str] = frozenset()
+    #: Patterns searched in a problem's key (:func:`problem_key`), beside ``match``'s in its text: the file's ``key``.
+    key: tuple[str, ...] = ()
 
     def covers(self, profile: str, variant: str | None = None, config: Callable[[], dict] | None = None) -> bool:
         """Whether it lists the contract's test under config profile ``profile`` and of ``variant``."""
@@ -118,8 +123,10 @@ class Expectation:
         parts = []
         if self.raises:
             parts.append(f"raises {self.raises}")
-        if self.patterns:
-            parts.append("matches " + " or ".join(repr(p) for p in self.patterns))
+        found = ["matches " + " or ".join(repr(p) for p in self.patterns)] if self.patterns else []
+        found += ["has a key matching " + " or ".join(repr(p) for p in self.key)] if self.key else []
+        if found:
+            parts.append(", or ".join(found))
         return " and ".join(parts)
 
     @property
@@ -130,13 +137,16 @@ class Expectation:
         return (self.match,) if isinstance(self.match, str) else tuple(self.match)
 
     def explains(self, problem: str) -> bool:
-        """Whether one problem is one this entry's cause covers: its key is one of ``keys``, or its text
-        one a pattern finds (any problem, where the entry gives neither)."""
-        if self.keys and problem_key(problem) in self.keys:
+        """Whether one problem is one this entry's cause covers: its key is one of ``keys`` or one a ``key``
+        pattern finds, or its text one a ``match`` pattern finds (any problem, where the entry gives none)."""
+        if not (self.keys or self.key or self.patterns):
             return True
-        if not self.patterns:
-            return not self.keys
-        return any(re.search(p, problem) is not None for p in self.patterns)
+        key = problem_key(problem)
+        return (
+            key in self.keys
+            or any(re.search(p, key) is not None for p in self.key)
+            or any(re.search(p, problem) is not None for p in self.patterns)
+        )
 
     def unexplained(self, exc: BaseException) -> list[str]:
         """The problems of failure ``exc`` this entry does not explain: every one where ``exc`` is not of
@@ -247,11 +257,11 @@ def _entry(path, cid: str, value) -> Expectation:
         value = {"reason": value}
     if not isinstance(value, dict):
         raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} must be a reason string or a table: {FORMS}.")
-    unknown = sorted(set(value) - {"reason", "match", "raises", "profiles", "variants", "when"})
+    unknown = sorted(set(value) - {"reason", "match", "key", "raises", "profiles", "variants", "when"})
     if unknown:
         raise pytest.UsageError(
             f"--zero3-expect={path}: {cid!r} has unknown keys {', '.join(unknown)}; "
-            "it may give reason, match, raises, profiles, variants, when."
+            "it may give reason, match, key, raises, profiles, variants, when."
         )
     when = value.get("when", {})
     if not isinstance(when, dict) or not all(
@@ -269,34 +279,37 @@ def _entry(path, cid: str, value) -> Expectation:
         raise pytest.UsageError(f"--zero3-expect={path}: give {cid!r} a non-empty reason string.")
     if "raises" in value and (not isinstance(value["raises"], str) or not value["raises"].strip()):
         raise pytest.UsageError(f"--zero3-expect={path}: {cid!r}'s raises must be a non-empty string.")
-    match = value.get("match")
-    if match is not None:
-        patterns = [match] if isinstance(match, str) else match
-        if (
-            not isinstance(patterns, list)
-            or not patterns
-            or not all(isinstance(p, str) and p.strip() for p in patterns)
-        ):
-            raise pytest.UsageError(
-                f"--zero3-expect={path}: {cid!r}'s match must be a non-empty string or a list of them "
-                "(one pattern per problem its cause brings)."
-            )
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise pytest.UsageError(
-                    f"--zero3-expect={path}: {cid!r}'s match {pattern!r} is no regular expression ({exc})."
-                ) from None
-        match = match if isinstance(match, str) else tuple(match)
+    match = _patterns(path, cid, value, "match")
     return Expectation(
         reason,
-        match,
+        value["match"] if isinstance(value.get("match"), str) else match,
         value.get("raises"),
         profiles=_profiles(path, cid, value),
         variants=tuple(variants),
         when=tuple(sorted(when.items())),
+        key=_patterns(path, cid, value, "key") or (),
     )
+
+
+def _patterns(path, cid: str, value: dict, field: str) -> tuple[str, ...] | None:
+    """An entry's ``match`` or ``key``: one regular expression or a list of them (None where not given)."""
+    if value.get(field) is None:
+        return None
+    given = value[field]
+    patterns = [given] if isinstance(given, str) else given
+    if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p.strip() for p in patterns):
+        raise pytest.UsageError(
+            f"--zero3-expect={path}: {cid!r}'s {field} must be a non-empty string or a list of them "
+            "(one pattern per problem its cause brings)."
+        )
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise pytest.UsageError(
+                f"--zero3-expect={path}: {cid!r}'s {field} {pattern!r} is no regular expression ({exc})."
+            ) from None
+    return tuple(patterns)
 
 
 def _profiles(path, cid: str, value: dict) -> tuple[str, ...]:
