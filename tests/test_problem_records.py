@@ -180,3 +180,31 @@ def check(found):
         (11, "scenario"),
         (14, "check"),
     ]
+
+
+def test_an_entry_explains_by_key(tmp_path):
+    """An expectations entry's ``key`` is searched in each problem's key: it pins what was checked and
+    where, so another check under the same label (a read that gives None where values differed) is not
+    its problem, whatever the text has in common."""
+    import pytest
+
+    from pytest_zero3 import expectations
+    from pytest_zero3.problem import record
+
+    path = tmp_path / "expect.toml"
+    path.write_text(
+        "[expected_failures]\n"
+        '"008-a" = { reason = "bug 9", key = "^values differ from the twin\'s \\\\| at=offload, step \\\\d+ " }\n'
+    )
+    entry = expectations.load(path)["008-a"]
+    at = "offload, step 1 micro-batch 0: gradient of up.weight"
+    differs = record(
+        f"{at}: 3 of 16 elements differ from the twin's; first at 5", "values differ from the twin's", at=at
+    )
+    none = record(f"{at}: safe_get_local_grad(up.weight) is None", "safe_get_local_grad is None", at=at)
+    assert entry.explains(differs) and not entry.explains(none)
+    assert not entry.explains(str(differs))  # a plain line's key is its masked text
+    assert entry.cause.startswith("has a key matching ")
+    path.write_text('[expected_failures]\n"008-a" = { reason = "bug 9", key = "(" }\n')
+    with pytest.raises(pytest.UsageError, match="key '\\(' is no regular expression"):
+        expectations.load(path)

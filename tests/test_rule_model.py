@@ -517,3 +517,23 @@ def test_a_returned_param_kept_is_legal_under_its_relaxation_only():
         (11, "w0", ()),
         (11, "w1", ("returned-param-kept",)),
     ]
+
+
+def test_a_violation_is_a_record_keyed_by_rule_and_place():
+    """Issue 53 item 1: a violation's problem is keyed by its rule, what it found and where (step, event,
+    module, param), never by the numbers of its detail: the same violation with another count or window
+    has the same key, another param or event another."""
+    cfg = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0)
+    kept = ["w0", "w0", "w0 w1", "w0", "w0 w2", "w0", "w0 w2", "w0", "w0 w1", "w0", "w0", ""]
+    first = r.judge(cfg, [step(mlp_events(), RELEASE_ALL), step(mlp_events(), kept)])[0]
+    problem = first.problem
+    assert str(problem) == str(first)
+    assert problem.key == "rule-b: is AVAILABLE; must be partitioned | step=1 | event=1 | module=L0 | param=w0"
+    wider = r.judge(
+        r.Config(NUMEL, reuse_distance=1, prefetch_bucket=0, persistence_threshold=0),
+        [step(mlp_events(), RELEASE_ALL), step(mlp_events(), kept)],
+    )
+    same = [
+        v for v in wider if (v.rule, v.step, v.event, v.param) == (first.rule, first.step, first.event, first.param)
+    ]
+    assert same and str(same[0]) != str(first) and same[0].problem.key == problem.key
