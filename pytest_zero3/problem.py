@@ -9,8 +9,10 @@ variant, step, micro-step, event, module, param, rank, in that order of reading)
 holds those and nothing measured, so the same problem has the same key on every run, on a fork and on
 its baseline (``--zero3-baseline`` judges by key), whatever the values in its text.
 
-Plain lines stay allowed (a scenario not yet written with records): their key is the masked text
-(:func:`pytest_zero3.expectations.problem_key`).  Records pickle across the rank boundary by value.
+Every scenario of the suite reports records (``tests/test_problem_records.py`` checks its source); a
+plain line stays allowed (a scenario of a fork's own, a rank that failed for itself): its key is the
+masked text (:func:`pytest_zero3.expectations.problem_key`).  Records pickle across the rank boundary by
+value.
 """
 
 from __future__ import annotations
