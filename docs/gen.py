@@ -279,7 +279,9 @@ def expectations_page() -> str:
         out += ["| contract | reason | cause pinned |", "|---|---|---|"]
         for cid, whole in files[v].items():
             for e in whole.get("entries") or [whole]:
-                pinned = "; ".join(f"{k} {_code(e[k])}" for k in ("raises", "match", "key") if e.get(k)) or "any failure"
+                pinned = (
+                    "; ".join(f"{k} {_code(e[k])}" for k in ("raises", "match", "key") if e.get(k)) or "any failure"
+                )
                 if e.get("profiles"):
                     pinned += f"; under {', '.join(e['profiles'])} only"
                 if e.get("variants"):
