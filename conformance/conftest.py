@@ -178,10 +178,10 @@ class ProfileWorld:
 
     def resized(self, size):
         other = self._world.resized(size)
-        return None if other is None else ProfileWorld(other, self.profile, self._user)
+        return None if other is None else ProfileWorld(other, self.profile, self._user, self._poison)
 
     def __copy__(self):
-        return ProfileWorld(copy.copy(self._world), self.profile, self._user)
+        return ProfileWorld(copy.copy(self._world), self.profile, self._user, self._poison)
 
     def __getattr__(self, name):  # size, backend, base_dir, ...: the wrapped world's
         if name.startswith("__") or "_world" not in self.__dict__:

@@ -499,6 +499,35 @@ def _keep_live_entries(original, installed) -> None:
     original[:] = list(installed)
 
 
+def _convert_fetching_by_dtype(original):
+    """``Init._convert_to_deepspeed_param``: under ``stage3_use_all_reduce_for_fetch_params`` the param's
+    ``all_gather_coalesced`` fetches params of several dtypes one dtype at a time.  Stock builds one flat
+    buffer for the whole fetch in the one dtype of its params and raises where there are two (a frozen
+    bf16 base beside fp32 adapters in one module, or in one prefetch: seq-a, DeepSpeed bug 22); the
+    all-gather fetch already groups by dtype."""
+
+    @functools.wraps(original)
+    def convert(self, param):
+        original(self, param)
+        gather = param.all_gather_coalesced
+
+        @functools.wraps(gather)
+        def all_gather_coalesced(params, safe_mode=False, quantize=False):
+            params = list(params)
+            dtypes = sorted({p.ds_tensor.dtype for p in params}, key=str)  # the same order on every rank
+            if len(dtypes) < 2 or quantize or not getattr(self, "use_all_reduce_for_fetch_params", False):
+                return gather(params, safe_mode=safe_mode, quantize=quantize)
+            from deepspeed.runtime.zero.partition_parameters import MultipleAllGatherHandles
+
+            return MultipleAllGatherHandles(
+                [gather([p for p in params if p.ds_tensor.dtype == d], safe_mode=safe_mode) for d in dtypes]
+            )
+
+        param.all_gather_coalesced = all_gather_coalesced
+
+    return convert
+
+
 def _wrapper(wrap: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
     """A row's factory that wraps the original: ``wrap(original)``."""
     return lambda original, coordinator: wrap(original)
@@ -668,10 +697,12 @@ PATCHES = (
     Patch(
         Init,
         "_convert_to_deepspeed_param",
-        _wrapper(copies.convert_refusing_deepcopy),
+        _wrapper(lambda convert: _convert_fetching_by_dtype(copies.convert_refusing_deepcopy(convert))),
         "copy.deepcopy of a partitioned param (copy.deepcopy(engine.module)) gave an empty plain Parameter, a "
         "copy with no weights whose forward raised later; it is refused at the call, naming the param "
-        "(reference_impl/copies.py, 008-e, DeepSpeed bug 13)",
+        "(reference_impl/copies.py, 008-e, DeepSpeed bug 13).  And under stage3_use_all_reduce_for_fetch_params "
+        "a fetch of params of two dtypes (fp32 adapters beside a frozen bf16 base) raised 'expected there to be "
+        "only one unique element'; it fetches one dtype at a time (seq-a, DeepSpeed bug 22)",
     ),
     Patch(
         DeepSpeedEngine,

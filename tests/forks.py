@@ -452,6 +452,34 @@ BREAK_ALLREDUCE_FETCH_UNALIGNED = (
 )
 
 
+#: A module holding params of two dtypes (a frozen bf16 base beside fp32 adapters, loralib-style) fetched
+#: by the all-gather path: the coalesced fetch takes its one communication dtype from the first param
+#: instead of grouping the params by theirs, and the bucket's check asserts.  One dtype per fetch (every
+#: model but such a module, or a prefetch across modules of two dtypes) reads right.
+BREAK_FETCH_FIRST_DTYPE = (
+    "runtime/zero/partition_parameters.py",
+    "                        allgather_dtype = get_allgather_dtype(p, p.ds_tensor)\n",
+    "                        allgather_dtype = get_allgather_dtype(params[0], params[0].ds_tensor)\n",
+)
+
+
+#: The model-states file of a checkpoint named by the node-local rank instead of the data-parallel rank: on
+#: two nodes of one rank both write rank 0's file, and zero_to_fp32, which takes the frozen params'
+#: fragments from every rank's file, finds one where the world has two.  On one node the local rank is
+#: the global one, and the engine reloads its own file either way.
+BREAK_CKPT_NAME_LOCAL_RANK = (
+    "runtime/engine.py",
+    "            if pp_placeholder is not None:\n"
+    "                pp_rank = pp_placeholder\n"
+    "            else:\n"
+    "                pp_rank = dist.get_rank(group=self.optimizer.dp_process_group)\n",
+    "            if pp_placeholder is not None:\n"
+    "                pp_rank = pp_placeholder\n"
+    "            else:\n"
+    "                pp_rank = dist.get_local_rank()\n",
+)
+
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -491,4 +519,6 @@ KNOWN_BADS = {
     "tied_recovery": (BREAK_TIED_RECOVERY, ("seq-a",), ()),
     "ipg_exact_fit": (BREAK_IPG_EXACT_FIT, ("seq-a",), ()),
     "allreduce_fetch_unaligned": (BREAK_ALLREDUCE_FETCH_UNALIGNED, ("seq-a",), ()),
+    "fetch_first_dtype": (BREAK_FETCH_FIRST_DTYPE, ("seq-a",), ()),
+    "ckpt_name_local_rank": (BREAK_CKPT_NAME_LOCAL_RANK, ("seq-a",), ()),
 }
