@@ -525,8 +525,9 @@ def forward_events(layers=3):
 
 
 def boundary(gathered, where, numel=NUMEL):
-    names = gathered.split()
-    return r.Boundary({p: r.AVAILABLE if p in names else r.NOT_AVAILABLE for p in numel}, where)
+    """A Boundary: AVAILABLE for the names in ``gathered``, INFLIGHT for those ending in ``~``."""
+    state = {n.rstrip("~"): r.INFLIGHT if n.endswith("~") else r.AVAILABLE for n in gathered.split()}
+    return r.Boundary({p: state.get(p, r.NOT_AVAILABLE) for p in numel}, where)
 
 
 def test_between_passes_only_what_the_release_rules_left_may_stay_gathered():
@@ -545,5 +546,11 @@ def test_between_passes_only_what_the_release_rules_left_may_stay_gathered():
     assert "step 0 (after 0): param 'w1' is AVAILABLE" in str(after_train[0])
     regathered = ok[:-1] + [boundary("w0", "after 2"), boundary("w0 w2", "after 3")]
     assert [(v.param, v.where) for v in r.judge(cfg, regathered)] == [("w2", "after 3")]
+    # rule-d: the last forward fetch prefetches the backward's first use, which no backward consumes
+    prefetching = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=N, persistence_threshold=0)
+    released = ["w0 w1~", "w1~", "w1 w2~", "w2~", "w2 w1~", "w1~"]  # distance 0, prefetch one param ahead
+    eval_pass = [record, step(forward_events(), released)]
+    assert r.judge(prefetching, eval_pass + [boundary("w1~", "after 1")]) == []
+    assert [v.param for v in r.judge(prefetching, eval_pass + [boundary("w0 w1~", "after 1")])] == ["w0"]
     persistent = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=N)
     assert r.judge(persistent, [step(mlp_events(), ["w0 w1 w2"] * 12), boundary("w0 w1 w2", "after 0")]) == []
