@@ -28,8 +28,6 @@ def zero3_seq_batch(request, tmp_path_factory):
 
 @pytest.mark.zero3_timeout(600)
 @pytest.mark.zero3_contract("seq-a")
-# the offload action's optimizer is DeepSpeed's FusedAdam (offload_states asserts it): built in the forkserver
-@pytest.mark.zero3_preload("pytest_zero3.fixtures.fused_adam_build")
 def test_seq(zero3_world, zero3_seq_batch, record_property):
     """Why: each hand-written contract drives its entry point on the model and config its author picked;
     the bugs forks bring live where two features meet (a tied frozen embedding converted without frozen
