@@ -478,6 +478,60 @@ def _save_with_latest_per_node(original):
     return save
 
 
+def _offload_states_by_partition(original):
+    """``offload_states`` moves the optimizer's flat buffer of 16-bit partitions (``lp_params``) to the host
+    and points each param's partition into the moved buffer; stock pointed every param of the module, by
+    the module's order, frozen params included, which the buffer does not hold: with any frozen param
+    the offsets ran past its end (a RuntimeError, seq-a, DeepSpeed bug 23).  The original moves every
+    other kind; ``lp_params`` is moved here as stock moves it, each of the buffer's own params (the
+    optimizer's, in its order: what ``reload_states`` points back) pointed into it."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+    from deepspeed.runtime.zero.utils import get_mapping_to_flat_buffer
+
+    @functools.wraps(original)
+    def offload_states(self, include=None, device=OffloadDeviceEnum.cpu, pin_memory=True, non_blocking=False):
+        lp = OffloadStateTypeEnum.lp_params
+        if lp in self.offloaded_states or (include is not None and lp not in include):
+            return original(self, include, device, pin_memory, non_blocking)
+        rest = [kind for kind in (list(OffloadStateTypeEnum) if include is None else include) if kind != lp]
+        original(self, rest, device, pin_memory, non_blocking)
+        if pin_memory:
+            if not hasattr(self, "lp_param_contiguous_pin_buffer"):
+                self.lp_param_contiguous_pin_buffer = get_accelerator().pin_memory(
+                    torch.empty_like(self.lp_param_buffer, device=device.value)
+                )
+            self.lp_param_contiguous_pin_buffer.copy_(self.lp_param_buffer, non_blocking=non_blocking)
+            moved = self.lp_param_contiguous_pin_buffer
+        else:
+            moved = self.lp_param_buffer.to(device.value, non_blocking=non_blocking)
+        self.lp_param_buffer.data = moved
+        for tensor, offset, numel in get_mapping_to_flat_buffer(self._get_parameter_partitions()):
+            tensor.data = moved.narrow(0, offset, numel)
+        self.fp16_partitioned_groups_flat.clear()
+        self.offloaded_states.add(lp)
+
+    return offload_states
+
+
+def _module_state_dict_without_frozen_aliases(original):
+    """``module_state_dict(exclude_frozen_parameters=True)`` dropped the names ``named_parameters()`` gives,
+    one per param: a frozen param tied under a second name (a frozen embedding tied to the head) stayed
+    in under that name, where ``save_16bit_model`` and ``zero_to_fp32`` with the same option leave it out
+    (seq-a, DeepSpeed bug 24).  Every name of a frozen param is dropped."""
+
+    @functools.wraps(original)
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        sd = original(self, destination, prefix, keep_vars, exclude_frozen_parameters)
+        if exclude_frozen_parameters:
+            for name, param in self.module.named_parameters(remove_duplicate=False):
+                if not param.requires_grad:
+                    sd.pop(prefix + name, None)
+        return sd
+
+    return module_state_dict
+
+
 def _convert_casting(original):
     """Under a call :func:`_init_casting_module` marked, the module's float params not yet partitioned
     are cast to Init's dtype (the config's) before they are partitioned."""
@@ -754,6 +808,21 @@ PATCHES = (
         "bug 18).  zero.Init(zero_param_parallel_group=G) sized hpZ's secondary partitions by DeepSpeed's "
         "own group (none yet: the whole world) and gathered them over G, so the first forward raised; G "
         "becomes that group (008-j, DeepSpeed bug 19)",
+    ),
+    Patch(
+        DeepSpeedZeroOptimizer_Stage3,
+        "offload_states",
+        _wrapper(_offload_states_by_partition),
+        "offload_states pointed every param of the module into the moved buffer of the optimizer's 16-bit "
+        "partitions, frozen params included, which it does not hold: with any frozen param it raised (seq-a, "
+        "DeepSpeed bug 23); the buffer's own params are pointed into it",
+    ),
+    Patch(
+        DeepSpeedEngine,
+        "module_state_dict",
+        _wrapper(_module_state_dict_without_frozen_aliases),
+        "module_state_dict(exclude_frozen_parameters=True) kept a frozen param under its tied name, which the "
+        "16-bit export and zero_to_fp32 with the same option leave out (seq-a, DeepSpeed bug 24)",
     ),
     Patch(
         Init,

@@ -479,6 +479,51 @@ BREAK_CKPT_NAME_LOCAL_RANK = (
     "                pp_rank = dist.get_local_rank()\n",
 )
 
+#: Behind seq-a's bug 23 (offload_states raises on a model with a frozen param, listed): the crash "fixed" by
+#: a bounds check instead of the mapping, so a param whose slot would run past the buffer is skipped and
+#: the frozen params before it are pointed at the optimizer's partitions of other params, where
+#: reload_states (it re-points the optimizer's params only) leaves them: the frozen weights read others'.
+#: Without a frozen param the mapping never runs past the buffer (contract 008-c trains every param).
+BREAK_OFFLOAD_BOUNDS_GUARD = (
+    "runtime/zero/stage3.py",
+    "                [p.ds_tensor for p in self.module.parameters()]):\n"
+    "                tensor.data = cpu_buffer.narrow(0, offset, tensor_numel)\n",
+    "                [p.ds_tensor for p in self.module.parameters()]):\n"
+    "                if offset + tensor_numel <= cpu_buffer.numel():\n"
+    "                    tensor.data = cpu_buffer.narrow(0, offset, tensor_numel)\n",
+)
+
+#: GatheredParameters' exit with a modifier_rank broadcasts the write but partitions only the params that
+#: are not persistent ("the coordinator keeps them gathered anyway"): a persistent param keeps the written
+#: value in its gathered data and the old one in its partition, and the next fetch after a release reads
+#: the old one.  The 16-bit export takes the same exit without writing; contract 005-b writes params that
+#: are not persistent (threshold 0), as does every other contract that writes under a modifier_rank.
+BREAK_MODIFIER_PERSISTENT = (
+    "runtime/zero/partition_parameters.py",
+    "        params_to_partition = self._params_to_partition()\n"
+    "        self._record_deferred_updates(params_to_partition)\n"
+    "        self._partition_params(params_to_partition, has_been_updated=True)",
+    "        params_to_partition = [p for p in self._params_to_partition() if not p.ds_persist]\n"
+    "        self._record_deferred_updates(params_to_partition)\n"
+    "        self._partition_params(params_to_partition, has_been_updated=True)",
+)
+
+#: engine.module_state_dict(exclude_frozen_parameters=True) keeps only the names of trainable params, as
+#: named_parameters() lists them (one name per param): a trainable weight tied to another module loses its
+#: second name, and buffers are dropped.  save_checkpoint's module file then lacks them, which a load that
+#: is not strict (as with frozen params left out) lets through.
+BREAK_MODULE_STATE_TRAINABLE_ONLY = (
+    "runtime/engine.py",
+    "        if exclude_frozen_parameters:\n"
+    "            for n, p in self.module.named_parameters():\n"
+    "                if not p.requires_grad and n in sd:\n"
+    "                    del sd[n]\n",
+    "        if exclude_frozen_parameters:\n"
+    "            trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}\n"
+    "            for n in [n for n in sd if n not in trainable]:\n"
+    "                del sd[n]\n",
+)
+
 
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
@@ -521,4 +566,7 @@ KNOWN_BADS = {
     "allreduce_fetch_unaligned": (BREAK_ALLREDUCE_FETCH_UNALIGNED, ("seq-a",), ()),
     "fetch_first_dtype": (BREAK_FETCH_FIRST_DTYPE, ("seq-a",), ()),
     "ckpt_name_local_rank": (BREAK_CKPT_NAME_LOCAL_RANK, ("seq-a",), ()),
+    "offload_bounds_guard": (BREAK_OFFLOAD_BOUNDS_GUARD, ("seq-a",), ()),
+    "modifier_persistent": (BREAK_MODIFIER_PERSISTENT, ("seq-a",), ()),
+    "module_state_trainable_only": (BREAK_MODULE_STATE_TRAINABLE_ONLY, ("seq-a",), ()),
 }

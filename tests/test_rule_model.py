@@ -537,3 +537,40 @@ def test_a_violation_is_a_record_keyed_by_rule_and_place():
         v for v in wider if (v.rule, v.step, v.event, v.param) == (first.rule, first.step, first.event, first.param)
     ]
     assert same and str(same[0]) != str(first) and same[0].problem.key == problem.key
+
+
+def forward_events(layers=3):
+    """An eval forward: L0..Ln-1, no backward."""
+    return [e for i in range(layers) for e in (ev(FWD_PRE, f"L{i}"), ev(FWD_POST, f"L{i}"))]
+
+
+def boundary(gathered, where, numel=NUMEL):
+    """A Boundary: AVAILABLE for the names in ``gathered``, INFLIGHT for those ending in ``~``."""
+    state = {n.rstrip("~"): r.INFLIGHT if n.endswith("~") else r.AVAILABLE for n in gathered.split()}
+    return r.Boundary({p: state.get(p, r.NOT_AVAILABLE) for p in numel}, where)
+
+
+def test_between_passes_only_what_the_release_rules_left_may_stay_gathered():
+    """PPC ``release_sub_module`` and PO ``release_backward_leftovers``: a pass releases what the rules
+    release, and nothing gathers between passes.  After a training step nothing but persistent params is
+    gathered; after an eval forward the reuse window keeps what its backward would use (seq-a's action
+    boundaries); once a boundary finds a param partitioned, a later one may not find it gathered."""
+    cfg = r.Config(NUMEL, reuse_distance=10**9, prefetch_bucket=0, persistence_threshold=0)
+    window = ["w0", "w0", "w0 w1", "w0 w1", "w0 w1 w2", "w0 w1 w2"]  # a complete trace: backward reuses all
+    train = step(mlp_events(), window + ["w0 w1 w2", "w0 w1", "w0 w1", "w0", "w0", ""])
+    record = step(mlp_events(), RELEASE_ALL)  # the first step records the trace: every release releases
+    ok = [record, train, boundary("", "after 1"), step(forward_events(), window), boundary("w0 w1 w2", "after 2")]
+    assert r.judge(cfg, ok) == []
+    after_train = r.judge(cfg, [record, boundary("w1", "after 0")])
+    assert [(v.rule, v.step, v.param, v.where) for v in after_train] == [("rule-b", 0, "w1", "after 0")]
+    assert "step 0 (after 0): param 'w1' is AVAILABLE" in str(after_train[0])
+    regathered = ok[:-1] + [boundary("w0", "after 2"), boundary("w0 w2", "after 3")]
+    assert [(v.param, v.where) for v in r.judge(cfg, regathered)] == [("w2", "after 3")]
+    # rule-d: the last forward fetch prefetches the backward's first use, which no backward consumes
+    prefetching = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=N, persistence_threshold=0)
+    released = ["w0 w1~", "w1~", "w1 w2~", "w2~", "w2 w1~", "w1~"]  # distance 0, prefetch one param ahead
+    eval_pass = [record, step(forward_events(), released)]
+    assert r.judge(prefetching, eval_pass + [boundary("w1~", "after 1")]) == []
+    assert [v.param for v in r.judge(prefetching, eval_pass + [boundary("w0 w1~", "after 1")])] == ["w0"]
+    persistent = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=N)
+    assert r.judge(persistent, [step(mlp_events(), ["w0 w1 w2"] * 12), boundary("w0 w1 w2", "after 0")]) == []
