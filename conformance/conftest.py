@@ -131,6 +131,50 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = [item for item in items if item not in drop]
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection order is the dispatch order
+        items[:] = dispatch_order(items, options.settings(config).world_size)
+
+
+#: Families whose tests all read one batch, run by the first of them under a lock the others wait on
+#: (``fixtures/pytest_side/rule_batch.py``: the rule family's anchors and examples, 8-9 CPU-s of ranks).
+BATCHED_FAMILIES = frozenset({"rule"})
+#: Families whose one test trains several models in one world (the zoo's Hugging Face models at two
+#: reuse distances, the seq family's drawn sequences): 1.6-4.3 CPU-s of ranks each, against about 0.3
+#: for most contracts' worlds.
+HEAVY_FAMILIES = frozenset({"zoo", "seq"})
+
+
+def dispatch_order(items, world_size: int) -> list:
+    """``items`` in the order pytest-xdist hands them out (``--dist loadgroup`` sends them in collection
+    order, each worker kept at most three tests ahead): the heaviest worlds first, so that the workers end
+    together, not one of them alone on a compiled world while the others idle.
+
+    First, the first test of each of the :data:`BATCHED_FAMILIES` (it runs the batch); then every world
+    under a compile profile (dynamo traces each model in each rank: 2.5-17 CPU-s a world, measured on the
+    reference), then worlds resized for a profile (hpz: 4 ranks) and the :data:`HEAVY_FAMILIES`, then the
+    rest; last, the other tests of a batched family, which only read the batch: handed out while it runs,
+    their workers would wait on its lock (pytest-xdist 3.8 under pytest 9.2 cannot keep an
+    ``xdist_group`` on one worker).  Within each class the order is the collection's; every worker
+    computes the same order from the same items, as pytest-xdist requires."""
+    batches: set = set()
+
+    def rank(item) -> int:
+        family = registry.family(_contract(item))
+        if family in BATCHED_FAMILIES:
+            if family in batches:
+                return 4
+            batches.add(family)
+            return 0
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        profile = profiles.PROFILES.get(params.get("zero3_profile") or profiles.DEFAULT)
+        if profile is not None and profile.compile_backend:
+            return 1
+        if (profile is not None and profile.min_world_size > world_size) or family in HEAVY_FAMILIES:
+            return 2
+        return 3
+
+    ranks = [rank(item) for item in items]  # in collection order: a batch's runner is its family's first test
+    return [items[i] for i in sorted(range(len(items)), key=ranks.__getitem__)]
 
 
 @pytest.fixture

@@ -205,3 +205,42 @@ def test_the_twin_follows_the_dtypes_the_config_states_on_the_gradient_path():
     assert auto.path and auto.path_tolerance(4)[0] == 6 * twin.ULP["bf16"] + 2 * twin.ULP["fp32"]
     scaled = twin.Schedule.of({"bf16": {"enabled": True}, "gradient_predivide_factor": 2.0})
     assert not scaled.path and "predivide" in scaled.path_off
+
+
+def test_a_worker_collects_the_heaviest_worlds_first_and_the_batch_readers_last():
+    """Why: pytest-xdist hands tests out in the workers' collection order; a compiled world handed out
+    last kept one worker busy alone, and a rule test handed out while the batch ran waited on its lock."""
+    from pytest_zero3.conformance import conftest as suite
+
+    class Item:
+        def __init__(self, cid: str, profile: str = "fp32"):
+            self.cid, self.callspec = cid, type("Callspec", (), {"params": {"zero3_profile": profile}})()
+
+        def get_closest_marker(self, name: str):
+            return pytest.mark.zero3_contract(self.cid).mark if name == "zero3_contract" else None
+
+    items = [
+        Item("000-a"),
+        Item("000-a", "compile"),
+        Item("rule-a"),
+        Item("rule-b"),
+        Item("008-f", "hpz"),
+        Item("zoo-a"),
+        Item("000-b"),
+        Item("rule-c"),
+        Item("007-b", "compile"),
+    ]
+    ordered = suite.dispatch_order(items, world_size=2)
+    assert [(i.cid, i.callspec.params["zero3_profile"]) for i in ordered] == [
+        ("rule-a", "fp32"),
+        ("000-a", "compile"),
+        ("007-b", "compile"),
+        ("008-f", "hpz"),
+        ("zoo-a", "fp32"),
+        ("000-a", "fp32"),
+        ("000-b", "fp32"),
+        ("rule-b", "fp32"),
+        ("rule-c", "fp32"),
+    ]
+    assert suite.dispatch_order(list(reversed(items)), world_size=2)[0].cid == "rule-c"  # its first collected
+    assert [i.cid for i in suite.dispatch_order(items, world_size=4)][3] != "008-f"  # hpz at 4 ranks: not resized
