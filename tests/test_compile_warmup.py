@@ -47,6 +47,7 @@ left = dict(
     module_hooks=sum(len(v) for k, v in vars(nn_module).items() if k.startswith("_global_") and k.endswith("hooks")),
     hook_entries=entries("_post_forward_module_hook"),
     linear=torch.nn.functional.linear is torch._C._nn.linear,
+    deterministic=torch.are_deterministic_algorithms_enabled(),
 )
 # dynamo's logs: nothing formatted for a log that is off, the same lines as torch's where it is on
 import io, logging
@@ -85,6 +86,8 @@ from pytest_zero3.fixtures.config import MICRO_BATCH, zero3_config
 from pytest_zero3.fixtures.models import MLP, WIDTH
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29583")
 rank.one_thread_unless_chosen()
+from pytest_zero3.fixtures.profile_run import poison_uninitialized_memory
+poison_uninitialized_memory()  # as every rank does under --zero3-poison (on by default)
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
 model = MLP(4)
@@ -135,6 +138,7 @@ def test_the_warm_up_compiles_deepspeeds_hooks_and_leaves_no_world(probed):
     # stage 3's memory-efficient linear stays installed "until manually reset": a rank whose config turns
     # it off ran it anyway (every compiled-autograd backward of 008-m a cache miss)
     assert left["linear"], left
+    assert not left["deterministic"], left  # the warm-up's poisoned mode is put back: a rank sets its own
 
 
 def test_the_warm_up_prints_nothing(probed):
@@ -157,8 +161,9 @@ def test_a_rank_reuses_what_the_warm_up_compiled(probed):
     """A rank training the warm-up's own model traces again only DeepSpeed's module hooks, whose guards
     match the new engine's own objects (its offload manager, its modules' ``ds_id``); the model's frames
     and the rest of stage 3's hooks pass every guard.  Dynamo's global-state guard compares torch's
-    intra-op thread count, which a rank sets to one (``rank.one_thread_unless_chosen``): a warm-up
-    compiled at the machine's count left every entry failing it, and each rank traced the model again."""
+    intra-op thread count, which a rank sets to one (``rank.one_thread_unless_chosen``), and its
+    deterministic mode, which a poisoned rank turns on: a warm-up compiled at the machine's count, or
+    unpoisoned, left every entry failing it, and each rank traced the model again."""
     left, _ = probed
     engine_bound = {"_post_forward_module_hook", "post_sub_module_forward_function", "_pre_backward_module_hook"}
     new = {name.split(":")[0] for name in left["same_model_new_entries"]}
