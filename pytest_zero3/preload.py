@@ -118,6 +118,44 @@ def load(job: Job) -> None:
     # that takes over a second per rank.  Frozen objects are skipped by the collector.
     gc.collect()
     gc.freeze()
+    huge_pages()
+
+
+#: ``madvise`` advice: back a range with transparent huge pages now (Linux 6.1+; EINVAL before, and
+#: where huge pages are off).
+MADV_COLLAPSE = 25
+HUGE_PAGE = 1 << 21
+
+
+def huge_pages() -> None:
+    """Back this forkserver's private memory with transparent huge pages (``MADV_COLLAPSE``), once it
+    has loaded: every rank is a fork of it, and a fork copies one page-table entry per page of it, which
+    the rank's exit then tears down.  About 360 MB of torch, transformers and deepspeed in 4 kB pages
+    cost 11 ms of system time in the forkserver per fork and 15 ms in the rank's exit; in 2 MB pages
+    2.7 ms and 5.7 ms (measured in one process holding the same imports; 320 ranks in the default run).
+    A rank that writes to a huge page gets the 4 kB page it wrote copied, as before: what ranks compute
+    and share does not change.  Collapsing costs this process about 0.4 s of CPU once; a kernel or a
+    setting without it leaves the memory as it was."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as fh:
+            maps = fh.read().splitlines()
+    except (OSError, AttributeError):
+        return
+    for line in maps:
+        fields = line.split()
+        name = fields[5] if len(fields) > 5 else ""
+        if "w" not in fields[1] or "p" not in fields[1] or (name and name != "[heap]"):
+            continue  # private, writable, anonymous memory (and the malloc heap) only
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        start, end = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), end & ~(HUGE_PAGE - 1)
+        if end > start:
+            libc.madvise(start, end - start, MADV_COLLAPSE)  # refused: the range stays in small pages
 
 
 _load_all()
