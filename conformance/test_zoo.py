@@ -10,7 +10,7 @@ from the recorded training pass, and persistent norms next to partitioned matric
 One contract per model: each model is a shape of real training, and a fork's failure names the model
 it breaks (the message names the rule, the pass and the param; the expectations file pins the cause
 per model).  Each contract checks, at reuse distances 0 and 2000 with a prefetch bucket of 1000
-elements (:mod:`pytest_zero3.fixtures.zoo_generate`):
+elements (:mod:`pytest_zero3.fixtures.zoo_generate`; the verdicts :mod:`pytest_zero3.fixtures.zoo_records`):
 
 * every hook event of the 3 training steps and of every ``generate()`` forward, on every rank, against
   the rule model (:func:`pytest_zero3.fixtures.rule.rules.judge`, the ``rule`` family's rules a-g);
@@ -28,9 +28,15 @@ import importlib.util
 
 import pytest
 from pytest_zero3.fixtures import verdicts
+from pytest_zero3.fixtures import zoo_records as fz
+
+from pytest_zero3.job import Named
 
 #: The model each contract runs (fixtures/models/zoo.py).
 MODEL_OF = {"zoo-a": "llama", "zoo-b": "gpt2", "zoo-c": "t5", "zoo-d": "mixtral", "zoo-e": "llava"}
+#: The zoo's scenario, named: imported only in the ranks (it imports torch; this process judges their
+#: records with the torch-free :mod:`pytest_zero3.fixtures.zoo_records`).
+RUN_ZOO = Named("pytest_zero3.fixtures.zoo_generate", "run_zoo")
 
 
 class ZooRun:
@@ -53,18 +59,16 @@ class ZooRun:
 
     def of(self, zero3_world, model: str) -> list[list[dict]]:
         """Per config, each rank's record of ``model`` (its world runs at the first call that needs it)."""
-        from pytest_zero3.fixtures import zoo_generate as fz  # lazy: it imports torch, which collecting must not
-
         if model not in self.results and model not in self.errors:
             pending = [m for m in self.models if m not in self.results and m not in self.errors]
             models = pending if model in pending else [model]
             try:
-                per_rank = zero3_world.run(fz.run_zoo, models)
+                per_rank = zero3_world.run(RUN_ZOO, models)
             except BaseException as exc:  # every contract of the world fails with the world's failure
                 self.errors.update(dict.fromkeys(models, exc))
                 raise
             for m in models:
-                self.results[m] = [[rank[m][i] for rank in per_rank] for i in range(len(fz.CONFIGS))]
+                self.results[m] = [[rank[m][i] for rank in per_rank] for i in range(len(per_rank[0][m]))]
         if model in self.errors:
             raise self.errors[model]
         return self.results[model]
@@ -91,8 +95,6 @@ def zero3_zoo(request):
 def test_zoo(zero3_world, zero3_zoo, contract):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("the zoo needs transformers installed (pip install 'transformers>=5')")
-    from pytest_zero3.fixtures import zoo_generate as fz  # lazy: it imports torch, which collecting must not
-
     model = MODEL_OF[contract]
     runs = zero3_zoo.of(zero3_world, model)
     verdicts.assert_clean([_preconditions(model, runs, rank) for rank in range(len(runs[0]))], "scenario precondition")
@@ -108,8 +110,6 @@ def test_zoo(zero3_world, zero3_zoo, contract):
 def _preconditions(model: str, runs, rank: int) -> list[str]:
     """What must hold of one rank's runs for the zoo's rules to judge anything: the probe saw every
     training step and the generate() forwards, prefetch ran, LLaVA's frozen tower is in eval()."""
-    from pytest_zero3.fixtures import zoo_generate as fz  # lazy: it imports torch, which collecting must not
-
     out = []
     for per_rank in runs:
         run, label = per_rank[rank], f"{model}, {fz.describe(per_rank[rank]['zero'])}"
