@@ -183,6 +183,7 @@ def _offload_destroy(original):
         for module in self.module.modules():
             module.__dict__.pop("pre_bwd_fn", None)
             module.__dict__.pop("post_bwd_fn", None)
+        copies.allow_module_copies(self.module)
 
     return destroy
 
@@ -650,11 +651,21 @@ PATCHES = (
     ),
     Patch(
         DeepSpeedZeRoOffload,
+        "setup_zero_stage3_hooks",
+        _wrapper(copies.refuse_module_copies),
+        "copy.deepcopy(engine.module) gave a copy that carries the engine's hooks: with partitioned params it "
+        "held empty placeholders, with every param gathered (persistent ones) the weights, and either way its "
+        "forward drove the engine's coordinator and raised; every module the engine hooks refuses the copy "
+        "at the call, naming it (reference_impl/copies.py, 008-e and seq-a, DeepSpeed bug 13)",
+    ),
+    Patch(
+        DeepSpeedZeRoOffload,
         "destroy",
         _wrapper(_offload_destroy),
         "also removes the reference coordinator's grad-mode probe hook, the root's entry in the weak module stack, "
-        "and every module's backward functions, which close over this offload: a later wrap of the same model "
-        "reused them and ran its backward hooks into the destroyed engine (006-c)",
+        "every module's backward functions, which close over this offload (a later wrap of the same model "
+        "reused them and ran its backward hooks into the destroyed engine, 006-c), and the modules' refusal of "
+        "copy.deepcopy",
     ),
     Patch(
         DeepSpeedZeRoOffload,
@@ -752,8 +763,8 @@ PATCHES = (
         Init,
         "_convert_to_deepspeed_param",
         _wrapper(lambda convert: _convert_fetching_by_dtype(copies.convert_refusing_deepcopy(convert))),
-        "copy.deepcopy of a partitioned param (copy.deepcopy(engine.module)) gave an empty plain Parameter, a "
-        "copy with no weights whose forward raised later; it is refused at the call, naming the param "
+        "copy.deepcopy of a partitioned param (a zero.Init model copied before deepspeed.initialize) gave an "
+        "empty plain Parameter, a copy with no weights; it is refused at the call, naming the param "
         "(reference_impl/copies.py, 008-e, DeepSpeed bug 13).  And under stage3_use_all_reduce_for_fetch_params "
         "a fetch of params of two dtypes (fp32 adapters beside a frozen bf16 base) raised 'expected there to be "
         "only one unique element'; it fetches one dtype at a time (seq-a, DeepSpeed bug 22)",

@@ -574,3 +574,52 @@ def test_between_passes_only_what_the_release_rules_left_may_stay_gathered():
     assert [v.param for v in r.judge(prefetching, eval_pass + [boundary("w0 w1~", "after 1")])] == ["w0"]
     persistent = r.Config(NUMEL, reuse_distance=0, prefetch_bucket=0, persistence_threshold=N)
     assert r.judge(persistent, [step(mlp_events(), ["w0 w1 w2"] * 12), boundary("w0 w1 w2", "after 0")]) == []
+
+
+def _leaf_scan(numel, leaves, nested):
+    return r.Config(numel, reuse_distance=1, prefetch_bucket=0, persistence_threshold=0, leaves=leaves, nested=nested)
+
+
+def test_the_reuse_scan_read_with_the_released_modules_leaf_flag_is_legal_under_its_relaxation_only():
+    """0.19.8's ``__params_to_release`` reads each scanned module with the *released* module's z3-leaf flag
+    (``iter_params(module, recurse=z3_leaf_module(submodule_to_release))``, the bug of 000-e, PR 9003).
+    From A (no leaf) the leaf L counts none of its children's params, so the scan at distance 1 reaches E,
+    which uses A's ``a`` (an external param): ``a`` is kept where the rules release it.  From the leaf L
+    its parent P counts its whole subtree, L's ``l0`` too, so ``l0`` is kept; L runs without backward, and
+    the end of backward releases only modules whose backward began: ``l0`` stays.  Both legal under
+    ``reuse-scan-leaf-flag``; a param kept that no reading of the scan keeps (``l0`` after L's forward
+    in the first model) is not."""
+    numel = {"a": N, "e": N, "l0": N}
+    cfg = _leaf_scan(numel, frozenset({"L"}), {"L": frozenset({"l0"})})
+    a, e, l0 = ("a",), ("a", "e"), ("l0",)
+    events = [ev(FWD_PRE, "A", params=a), ev(FWD_POST, "A", params=a), ev(FWD_PRE, "L", params=l0)]
+    events += [ev(FWD_POST, "L", params=l0), ev(FWD_PRE, "E", params=e), ev(FWD_POST, "E", params=e)]
+    events += [ev(BWD_PRE, "E", params=e), ev(BWD_POST, "E", params=e), ev(BWD_PRE, "L", params=l0)]
+    events += [ev(BWD_POST, "L", params=l0), ev(BWD_PRE, "A", params=a), ev(END)]
+    recorded = step(events, ["a", "", "l0", "", "a e", "", "a e", "", "l0", "", "a", ""], numel)
+    kept = ["a", "a", "a l0", "a", "a e", "a e", "a e", "a", "a l0", "a", "a", ""]
+    found = r.judge(cfg, [recorded, step(events, kept, numel, gathers={"a": 1, "e": 1, "l0": 2})])
+    assert [(v.rule, v.event, v.param, v.legal_under) for v in found] == [
+        ("rule-b", 1, "a", ("reuse-scan-leaf-flag",)),
+        ("rule-b", 7, "a", ("reuse-scan-leaf-flag",)),
+        ("rule-f", -1, "a", ("reuse-scan-leaf-flag",)),
+    ]
+    also = [s if i < 3 or i > 7 else f"{s} l0" for i, s in enumerate(kept)]
+    found = r.judge(cfg, [recorded, step(events, also, numel, gathers={"a": 1, "e": 1, "l0": 1})])
+    assert {v.param for v in found if not v.legal_under} == {"l0"}
+    assert {v.param for v in found if v.legal_under} == {"a"}
+
+    numel = {"p": N, "l0": N}
+    cfg = _leaf_scan(numel, frozenset({"L"}), {"P": frozenset({"l0"})})
+    events = [ev(FWD_PRE, "P", params=("p",)), ev(FWD_PRE, "L", params=l0), ev(FWD_POST, "L", params=l0)]
+    events += [ev(FWD_POST, "P", params=("p",)), ev(BWD_PRE, "P", params=("p",)), ev(BWD_POST, "P", params=("p",))]
+    events += [ev(END)]
+    recorded = step(events, ["p", "p l0", "p", "", "p", "", ""], numel)
+    kept = step(events, ["p", "p l0", "p l0", "p l0", "p l0", "l0", "l0"], numel, gathers={"p": 1, "l0": 1})
+    assert [(v.rule, v.event, v.param, v.legal_under) for v in r.judge(cfg, [recorded, kept])] == [
+        ("rule-b", 2, "l0", ("reuse-scan-leaf-flag",)),
+        ("rule-b", 6, "l0", ("reuse-scan-leaf-flag",)),
+    ]
+    # no leaf flagged: nothing to read otherwise, the same coordinator breaks the rules outright
+    plain = dataclass_replace(cfg, leaves=frozenset())
+    assert all(not v.legal_under for v in r.judge(plain, [recorded, kept]))
