@@ -89,6 +89,11 @@ def _detach(dup) -> int:
     return dup.detach()
 
 
+#: Set in a rank forkserver's environment (so in its ranks'): the pid it was forked from, the zygote or a
+#: loaded rank forkserver (which may have exited since: the process's parent is then another).
+FORKED_FROM = "PYTEST_ZERO3_FORKED_FROM"
+
+
 def serve(job, env: dict, listener_fd: int, alive_r: int, zygote_pid: int = 0) -> None:
     """In a child of the zygote: load ``job`` (its deepspeed, preloads, ops) and serve as the forkserver
     its ranks are forked from, until the pytest process that asked for it closes its end of ``alive_r``
@@ -101,6 +106,7 @@ def serve(job, env: dict, listener_fd: int, alive_r: int, zygote_pid: int = 0) -
     # in the zygote's child, the zygote imported it already, so this only names it.
     from pytest_zero3 import preload
 
+    born_of = os.getppid()
     if zygote_pid:
         _die_with(zygote_pid)
     else:
@@ -111,6 +117,8 @@ def serve(job, env: dict, listener_fd: int, alive_r: int, zygote_pid: int = 0) -
     _die_with(job.parent_pid)
     os.environ.clear()
     os.environ.update(env)  # the requester's, as a forkserver it started itself would have inherited
+    # whom it was forked from, for its ranks to read: a forkserver forked from a loaded one outlives it
+    os.environ[FORKED_FROM] = str(born_of)
     preload.load(job)
     # preloads: none left to import; main_path/sys_path: the job set sys.path already
     forkserver.main(listener_fd, alive_r, [])
