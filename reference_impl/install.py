@@ -160,9 +160,39 @@ def _gathered_parameters_enter(original):
     def __enter__(self):
         if self.enabled:
             complete_inflight(self.params)
+            self._persistent_gathered = [p for p in self.params if _persistent_and_gathered(p)]
         return original(self)
 
     return __enter__
+
+
+def _persistent_and_gathered(param) -> bool:
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    return bool(getattr(param, "ds_persist", False)) and param.ds_status == ZeroParamStatus.AVAILABLE
+
+
+def _gathered_exit_keeping_persistent(original):
+    """Stock's exit partitions every param of the context, persistent ones too, and the coordinator counts
+    on a persistent param it gathered staying gathered: DeepSpeed registers a param a block uses from
+    another module as that block's external param only when the block's forward finds it partitioned,
+    which a persistent one kept gathered never is, so nothing gathers it again before the backward that
+    accumulates its gradient (unwrap_model_for_generation between a forward and its backward, where a
+    block uses a persistent param of another module: the backward raised "The size of tensor a (0) must
+    match").  A persistent param the context found gathered is gathered again on exit (one collective,
+    every rank has the same persistent params gathered), so it leaves the param as it found it."""
+
+    @functools.wraps(original)
+    def exit_(self, *exc):
+        try:
+            return original(self, *exc)
+        finally:
+            kept = [p for p in getattr(self, "_persistent_gathered", ()) if not _persistent_and_gathered(p)]
+            self._persistent_gathered = []
+            if kept:
+                kept[0].all_gather(param_list=kept)
+
+    return exit_
 
 
 def _offload_destroy(original):
@@ -797,9 +827,11 @@ PATCHES = (
     Patch(
         GatheredParameters,
         "__exit__",
-        _wrapper(_gathered_exit_with_scalars),
+        _wrapper(lambda exit_: _gathered_exit_keeping_persistent(_gathered_exit_with_scalars(exit_))),
         "the same for GatheredParameters' broadcast on exit with a modifier_rank (save_16bit_model's path): "
-        "a 0-dim param is broadcast as a 1-element view (seq-a, DeepSpeed bug 15)",
+        "a 0-dim param is broadcast as a 1-element view (seq-a, DeepSpeed bug 15); and a persistent param the "
+        "context found gathered is gathered again after the exit partitioned it (a block's use of another "
+        "module's persistent param is then never registered as external, so its backward would not gather it)",
     ),
     Patch(
         Init,

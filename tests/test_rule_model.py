@@ -623,3 +623,29 @@ def test_the_reuse_scan_read_with_the_released_modules_leaf_flag_is_legal_under_
     # no leaf flagged: nothing to read otherwise, the same coordinator breaks the rules outright
     plain = dataclass_replace(cfg, leaves=frozenset())
     assert all(not v.legal_under for v in r.judge(plain, [recorded, kept]))
+
+
+def test_a_recompute_releasing_a_persistent_param_is_legal_under_its_relaxation_off_a_complete_trace_only():
+    """0.19.8's ``release_sub_module`` releases every param of the module where the trace is not complete
+    (persistent ones too) and drops the ``ds_persist`` ones where it is: the end of a recompute forward (the
+    bug of 002-g, "recompute-releases-claimed") partitions a claimed persistent param on the recording step
+    and keeps it on a complete trace, so only the first is legal under that relaxation."""
+    numel = {"t": N}
+    events = [
+        ev(FWD_PRE, "T", params=["t"]),
+        ev(FWD_POST, "T", params=["t"]),
+        ev(BWD_PRE, "T", params=["t"]),
+        ev(FWD_PRE, "T", True, ["t"]),
+        ev(FWD_POST, "T", True, ["t"]),  # the recompute's end partitions t, claimed by T's backward
+        ev(BWD_POST, "T", params=["t"]),
+        ev(END),
+    ]
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=N)  # t is persistent
+    recorded = step(events, ["t", "", "t", "t", "", "", ""], numel)
+    kept = step(events, ["t", "t", "t", "t", "t", "t", "t"], numel)
+    released = step(events, ["t", "t", "t", "t", "", "", ""], numel)
+    found = r.judge(cfg, [recorded, kept, released])
+    assert [(v.rule, v.step, v.event, v.legal_under) for v in found if v.rule == "rule-a"] == [
+        ("rule-a", 0, 4, ("recompute-releases-claimed",)),
+        ("rule-a", 2, 4, ()),
+    ], found
