@@ -35,13 +35,16 @@ where the contract passes.  ``when`` (a table of dotted DeepSpeed config keys an
 under a fork's overlay alike, and nowhere else.  ``variants`` does the same for a contract test parametrised by
 ``variant``: a known failure of one variant leaves the others judged.  A contract whose variants fail
 for different causes lists an array of such tables, each naming its variants (none in two): each
-variant is held to its own cause, so one variant's known bug hides nothing in another.  A listed contract that passes is an "unexpected pass" (a failure under
+variant is held to its own cause, so one variant's known bug hides nothing in another.  A table of the
+array may name its tests by ``profiles`` or ``when`` instead (a bug that a profile reaches, another that
+a config key does); a test that two of them list is held to both causes, each problem to one of them.  A listed contract that passes is an "unexpected pass" (a failure under
 ``--zero3-strict``, pytest's strict xfail); an ID that matches no collected contract is a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Callable
 
@@ -57,7 +60,7 @@ FORMS = (
     'one line per contract under [expected_failures]: "000-a" = { reason = "...", match = "regex" } '
     '(or key = "regex of the problem\'s key", raises = "ExceptionType"; profiles = ["hpz"] / variants = ["offload"] / when = {"bf16.enabled" = true} '
     "to list those tests only), "
-    'an array of such tables each with its variants, or "000-a" = "reason" to expect any failure'
+    'an array of such tables each naming its variants, profiles or when, or "000-a" = "reason" to expect any failure'
 )
 
 
@@ -78,8 +81,8 @@ class Expectation:
     variants: tuple[str, ...] = ()
     #: ``(dotted config key, value)`` pairs the suite's config must have for it to list a test (empty: any).
     when: tuple[tuple[str, object], ...] = ()
-    #: The array form: one entry per set of variants, each with its own cause (this entry's own
-    #: reason/match/raises are then only their summary).
+    #: The array form: one entry per set of variants, profiles or config values, each with its own cause
+    #: (this entry's own reason/match/raises are then only their summary).
     per_variant: tuple[Expectation, ...] = ()
     #: Problem keys it explains (:func:`problem_key`), beside ``match``: a baseline's entry explains the
     #: problems the baseline has, by key, whatever their values.
@@ -95,10 +98,12 @@ class Expectation:
         self, profile: str, variant: str | None = None, config: Callable[[], dict] | None = None
     ) -> Expectation | None:
         """The entry that lists the contract's test under ``profile`` and of ``variant`` (this one, or in
-        the array form the one naming ``variant``), else None.  ``config()``: the suite's config under
-        that profile and ``--zero3-config``, flattened to dotted keys (asked only by a ``when``)."""
+        the array form the one that lists it; where several do, one made of them all: :func:`_merged`),
+        else None.  ``config()``: the suite's config under that profile and ``--zero3-config``, flattened
+        to dotted keys (asked only by a ``when``)."""
         if self.per_variant:
-            return next((e for e in self.per_variant if e.covers(profile, variant, config)), None)
+            listing = [e for e in self.per_variant if e.covers(profile, variant, config)]
+            return _merged(listing) if len(listing) > 1 else next(iter(listing), None)
         listed = (not self.profiles or profile in self.profiles) and (
             not self.variants or variant is None or variant in self.variants
         )
@@ -229,16 +234,21 @@ def load(path) -> dict:
 
 
 def _listed(path, cid: str, value) -> Expectation:
-    """One ID's listing: a string, a table, or an array of tables that each name their variants."""
+    """One ID's listing: a string, a table, or an array of tables that each name the tests they list
+    (their variants, profiles or config values): a contract whose variants fail for different bugs, or
+    one that a profile reaches one bug in and a config key another."""
     if not isinstance(value, list):
         return _entry(path, cid, value)
     entries = [_entry(path, cid, v) for v in value]
     seen: set = set()
     for e in entries:
-        if not e.variants:
+        if not (e.variants or e.profiles or e.when):
             raise pytest.UsageError(
-                f"--zero3-expect={path}: {cid!r} is an array of tables: give each its variants = [...]."
+                f"--zero3-expect={path}: {cid!r} is an array of tables: give each its variants = [...], "
+                "profiles = [...] or when = {...}."
             )
+        if e.profiles or e.when:
+            continue  # it lists its tests by profile or config: another entry may list one of them too
         again = seen & set(e.variants)
         if again:
             raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} lists variant {sorted(again)[0]!r} twice.")
@@ -246,9 +256,33 @@ def _listed(path, cid: str, value) -> Expectation:
     if not entries:
         raise pytest.UsageError(f"--zero3-expect={path}: {cid!r} is an empty array: {FORMS}.")
     return Expectation(
-        "; ".join(f"{', '.join(e.variants)}: {e.reason}" for e in entries),
-        variants=tuple(v for e in entries for v in e.variants),
+        "; ".join(f"{_scope(e)}: {e.reason}" for e in entries),
+        variants=tuple(v for e in entries for v in e.variants) if all(e.variants for e in entries) else (),
         per_variant=tuple(entries),
+    )
+
+
+def _scope(entry: Expectation) -> str:
+    """The tests an entry of the array form lists, in words (its variants, profiles, config values)."""
+    parts = [", ".join(entry.variants)] if entry.variants else []
+    parts += [f"under {', '.join(entry.profiles)}"] if entry.profiles else []
+    parts += [", ".join(f"{k}={json.dumps(v)}" for k, v in entry.when)] if entry.when else []
+    return "; ".join(parts)
+
+
+def _merged(entries: list[Expectation]) -> Expectation:
+    """The entries of the array form that all list one test, as one: each problem must be one of them
+    explains (a profile's bug and a config key's, both reached by the test), of the type they all
+    name where they name one."""
+    blanket = [e for e in entries if not (e.keys or e.key or e.patterns)]
+    if blanket:  # one of them expects any failure
+        return blanket[0]
+    raises = {e.raises for e in entries}
+    return Expectation(
+        "; ".join(e.reason for e in entries),
+        tuple(p for e in entries for p in e.patterns) or None,
+        raises.pop() if len(raises) == 1 else None,
+        key=tuple(p for e in entries for p in e.key),
     )
 
 

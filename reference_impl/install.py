@@ -24,7 +24,7 @@ from deepspeed.runtime.zero.partition_parameters import GatheredParameters, Init
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from deepspeed.utils import groups
 
-from . import copies, fragments, module_only
+from . import copies, fetch, fragments, module_only
 from .checkpoint import load_universal_with_frozen
 from .config import adaptive_coordinator_kwargs, get_zero_config
 from .coordinator import ReferenceCoordinator, held_by_gathered_parameters, warn_rank0
@@ -586,29 +586,16 @@ def _keep_live_entries(original, installed) -> None:
 
 def _convert_fetching_by_dtype(original):
     """``Init._convert_to_deepspeed_param``: under ``stage3_use_all_reduce_for_fetch_params`` the param's
-    ``all_gather_coalesced`` fetches params of several dtypes one dtype at a time.  Stock builds one flat
-    buffer for the whole fetch in the one dtype of its params and raises where there are two (a frozen
-    bf16 base beside fp32 adapters in one module, or in one prefetch: seq-a, DeepSpeed bug 22); the
-    all-gather fetch already groups by dtype."""
+    ``all_gather_coalesced`` fetches its params grouped by the dtype each is stored in and the one it travels
+    in, each group all-reduced in the latter (:mod:`reference_impl.fetch`): stock builds one flat buffer in the
+    one dtype of all the fetch's partitions, which raises where there are two (a frozen bf16 base beside fp32
+    adapters: seq-a, DeepSpeed bug 22) and gathers ``torch_autocast``'s params in the weights' dtype where two
+    or more are fetched together, in the autocast dtype where one is (bug 25)."""
 
     @functools.wraps(original)
     def convert(self, param):
         original(self, param)
-        gather = param.all_gather_coalesced
-
-        @functools.wraps(gather)
-        def all_gather_coalesced(params, safe_mode=False, quantize=False):
-            params = list(params)
-            dtypes = sorted({p.ds_tensor.dtype for p in params}, key=str)  # the same order on every rank
-            if len(dtypes) < 2 or quantize or not getattr(self, "use_all_reduce_for_fetch_params", False):
-                return gather(params, safe_mode=safe_mode, quantize=quantize)
-            from deepspeed.runtime.zero.partition_parameters import MultipleAllGatherHandles
-
-            return MultipleAllGatherHandles(
-                [gather([p for p in params if p.ds_tensor.dtype == d], safe_mode=safe_mode) for d in dtypes]
-            )
-
-        param.all_gather_coalesced = all_gather_coalesced
+        param.all_gather_coalesced = fetch.by_dtypes(self, param.all_gather_coalesced)
 
     return convert
 
@@ -797,7 +784,10 @@ PATCHES = (
         "empty plain Parameter, a copy with no weights; it is refused at the call, naming the param "
         "(reference_impl/copies.py, 008-e, DeepSpeed bug 13).  And under stage3_use_all_reduce_for_fetch_params "
         "a fetch of params of two dtypes (fp32 adapters beside a frozen bf16 base) raised 'expected there to be "
-        "only one unique element'; it fetches one dtype at a time (seq-a, DeepSpeed bug 22)",
+        "only one unique element' (seq-a, DeepSpeed bug 22), and under torch_autocast a fetch of two or more "
+        "params gathered the autocast's params in the weights' dtype, of one param in the autocast dtype (the "
+        "forward's values followed the fetch's batching: bug 25); it fetches each dtype pair by an all-reduce "
+        "in the dtype the params travel in (reference_impl/fetch.py)",
     ),
     Patch(
         DeepSpeedEngine,

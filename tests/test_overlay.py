@@ -208,3 +208,23 @@ def test_known_bad_coordinator_still_flagged_under_the_overlay(run_suite, tmp_pa
     file, cls = coordinator.split(":")
     run = run_suite(f"{BAD / file}:{cls}", contract, f"--zero3-config={_overlay(tmp_path, config)}")
     assert run.outcomes().get(contract) == "fail" and run.returncode == 1, run.stdout[-4000:]
+
+
+def test_seq_examples_that_draw_reduce_scatter_run_under_a_draw_with_gradient_scaling(run_suite):
+    """Why (the proof run, draw 2): the draw's prescale_gradients and predivide factor come with its
+    reduce-scatter off, but a seq example draws reduce-scatter of its own, and stage 3 refused two
+    examples at initialize; an example that draws it sets no scaling beside it, as the rule family's do."""
+    _green(run_suite("reference", "seq-a", "--zero3-config=draw:2"), {"seq-a"})
+
+
+def test_the_all_reduce_fetch_gathers_torch_autocasts_params_in_its_dtype(run_suite):
+    """Why (the proof run, draw 1; DeepSpeed bug 25): under torch_autocast 0.19.8's all-reduce fetch
+    gathers the Linear params in fp32 where it fetches two or more, and stage 3's linear adds the bias in
+    place in that dtype for base-d's per-sample rows: every gradient differed from the twin's path by a
+    bf16 ulp.  The reference fetches them in bf16 (reference_impl/fetch.py); 0.19.8's file names the bug."""
+    _green(run_suite("reference", "base-d", "--zero3-config=draw:1"), {"base-d"})
+    expect = f"--zero3-expect={ROOT / 'conformance' / 'expectations' / 'deepspeed-0.19.8.toml'}"
+    run = run_suite("installed", "base-d", "--zero3-config=draw:1", expect)
+    row = {c["id"]: c for c in run.report["contracts"]}["base-d"]
+    assert run.returncode == 0 and row["outcome"] == "known_failure", run.stdout[-4000:]
+    assert "bug 25" in row["reason"], row

@@ -259,7 +259,7 @@ def test_an_array_entry_holds_each_variant_to_its_own_cause(run_pytest, tmp_path
     run = run_pytest(case, f"--zero3-expect={expect}")
     assert run.returncode == 1 and run.outcomes() == {"900-a": "fail"}, run.stdout
     for body, error in (
-        (f'[{first}, {{ reason = "r", match = "x" }}]', "give each its variants"),
+        (f'[{first}, {{ reason = "r", match = "x" }}]', "give each its variants = \\[...\\], profiles"),
         (f"[{first}, {first}]", "lists variant 'a' twice"),
     ):
         expect.write_text(f'[expected_failures]\n"900-a" = {body}\n')
@@ -267,6 +267,33 @@ def test_an_array_entry_holds_each_variant_to_its_own_cause(run_pytest, tmp_path
             from pytest_zero3 import expectations
 
             expectations.load(expect)
+
+
+def test_an_array_entry_may_list_by_profile_and_by_config_and_holds_a_test_both_list_to_both(run_pytest, tmp_path):
+    """Why (the proof run's draws): 007-e fails under the hpz profile for one bug and under a torch_autocast
+    config with the all-reduce fetch for another; one table per contract could list only one of them.
+    Tables of the array form may name their tests by profiles or when; a test two of them list is held
+    to both causes, each problem to one of them, and one neither explains fails."""
+    from pytest_zero3 import expectations
+
+    expect = tmp_path / "expect.toml"
+    case = str(ROOT / "tests" / "data" / "profile_case.py")
+    overlay = tmp_path / "fork.json"
+    overlay.write_text('{"zero_optimization": {"zero_hpz_partition_size": 2}}')
+    by_profile = '{ reason = "the profile bug", match = "the hpz axis", profiles = ["hpz"] }'
+    by_config = '{ reason = "the config bug", match = "a config key", when = { "zero_optimization.zero_hpz_partition_size" = 2 } }'
+    expect.write_text(f'[expected_failures]\n"900-a" = [{by_profile}, {by_config}]\n')
+    listed = expectations.load(expect)["900-a"]
+    both = listed.listing("hpz", None, lambda: {"zero_optimization.zero_hpz_partition_size": 2})
+    assert both is not None and both.patterns == ("the hpz axis", "a config key"), both
+    assert listed.listing("fp32", None, lambda: {}) is None
+    run = run_pytest(case, f"--zero3-expect={expect}", f"--zero3-config={overlay}", "-rxX")
+    assert run.returncode == 0 and run.outcomes() == {"900-a": "known_failure"}, run.stdout
+    assert "XFAIL tests/data/profile_case.py::test_per_profile[hpz] - known failure 900-a" in run.stdout
+    elsewhere = by_profile.replace("the hpz axis", "another axis")  # the failure's cause is then neither's
+    expect.write_text(f'[expected_failures]\n"900-a" = [{elsewhere}, {by_config}]\n')
+    run = run_pytest(case, f"--zero3-expect={expect}", f"--zero3-config={overlay}")
+    assert run.returncode == 1 and run.outcomes() == {"900-a": "fail"}, run.stdout
 
 
 def test_shipped_expectations_pin_a_cause_for_every_measured_failure():
