@@ -325,11 +325,28 @@ def stock_release() -> str:
 
 def listed_under(release: str, profile: str | None = None) -> list:
     """IDs the release's expectations file lists for a run of ``profile`` (None: the default profile),
-    in the manual's order: an entry with ``profiles`` applies under those only."""
+    in the manual's order: an entry with ``profiles`` applies under those only, one with ``when`` where
+    the suite's config under the profile has those values (an array: where one of its tables applies)."""
     entries = _expectations()[release]
-    ids = [cid for cid, e in entries.items() if not e.get("profiles") or profile in e["profiles"]]
+    ids = [cid for cid, e in entries.items() if _lists(e, profile)]
     contracts = _contracts()
     return sorted(ids, key=lambda i: (_family_key(contracts[i].family) if i in contracts else (99, ""), i))
+
+
+def _lists(entry: dict, profile: str | None) -> bool:
+    """Whether an entry (:func:`_entry`) lists the tests of a run of ``profile`` (None: the default)."""
+    if "entries" in entry:
+        return any(_lists(e, profile) for e in entry["entries"])
+    if entry.get("profiles") and profile not in entry["profiles"]:
+        return False
+    when = entry.get("when") or {}
+    if not when:
+        return True
+    _imports()
+    from pytest_zero3.fixtures import profiles
+
+    flat = profiles.suite_config(profile or profiles.DEFAULT, {}, 2)
+    return all(key in flat and flat[key] == value for key, value in when.items())
 
 
 def _and(items) -> str:
