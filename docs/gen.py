@@ -24,8 +24,10 @@ Nothing here imports torch or deepspeed: the sources are read as text, TOML and 
 from __future__ import annotations
 
 import ast
+import functools
 import html
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -233,23 +235,25 @@ def _expectations() -> dict:
     _imports()
     from packaging.version import Version
 
+    from pytest_zero3 import expectations
     from pytest_zero3._compat import tomllib
 
     found = {}
     for path in (ROOT / "conformance" / "expectations").glob("deepspeed-*.toml"):
         with open(path, "rb") as fh:
             table = tomllib.load(fh).get("expected_failures", {})
-        found[path.stem.removeprefix("deepspeed-")] = {cid: _entry(e) for cid, e in table.items()}
+        loaded = expectations.load(path)
+        found[path.stem.removeprefix("deepspeed-")] = {cid: _entry(e, loaded[cid]) for cid, e in table.items()}
     return dict(sorted(found.items(), key=lambda kv: Version(kv[0])))
 
 
-def _entry(e) -> dict:
-    """One ID's listing as a table; the array form (a cause per set of variants) keeps its tables under
-    ``"entries"`` and reads, as a whole, as each variant's reason in turn."""
+def _entry(e, loaded) -> dict:
+    """One ID's listing as a table; the array form (a cause per set of variants, profiles or config
+    values) keeps its tables under ``"entries"`` and reads, as a whole, as the plugin reads it (``loaded``,
+    the :class:`pytest_zero3.expectations.Expectation`): each table's tests, then its reason, in turn."""
     if isinstance(e, list):
-        reason = "; ".join(f"{', '.join(x.get('variants', []))}: {x.get('reason', '')}" for x in e)
-        return {"reason": reason, "entries": e}
-    return e if isinstance(e, dict) else {"reason": e}
+        return {"reason": loaded.reason, "entries": e, "expectation": loaded}
+    return {**e, "expectation": loaded} if isinstance(e, dict) else {"reason": e, "expectation": loaded}
 
 
 def _listed(entry: dict) -> str:
@@ -286,6 +290,10 @@ def expectations_page() -> str:
                     pinned += f"; under {', '.join(e['profiles'])} only"
                 if e.get("variants"):
                     pinned += f"; variants {', '.join(e['variants'])} only"
+                if e.get("when"):
+                    pinned += (
+                        "; where " + ", ".join(f"{k} = {_code(json.dumps(v))}" for k, v in e["when"].items()) + " only"
+                    )
                 out.append(f"| {cid} | {_cell(e.get('reason', ''))} | {pinned} |")
         out.append("")
     return "\n".join(out)
@@ -325,28 +333,17 @@ def stock_release() -> str:
 
 def listed_under(release: str, profile: str | None = None) -> list:
     """IDs the release's expectations file lists for a run of ``profile`` (None: the default profile),
-    in the manual's order: an entry with ``profiles`` applies under those only, one with ``when`` where
-    the suite's config under the profile has those values (an array: where one of its tables applies)."""
-    entries = _expectations()[release]
-    ids = [cid for cid, e in entries.items() if _lists(e, profile)]
-    contracts = _contracts()
-    return sorted(ids, key=lambda i: (_family_key(contracts[i].family) if i in contracts else (99, ""), i))
-
-
-def _lists(entry: dict, profile: str | None) -> bool:
-    """Whether an entry (:func:`_entry`) lists the tests of a run of ``profile`` (None: the default)."""
-    if "entries" in entry:
-        return any(_lists(e, profile) for e in entry["entries"])
-    if entry.get("profiles") and profile not in entry["profiles"]:
-        return False
-    when = entry.get("when") or {}
-    if not when:
-        return True
+    in the manual's order, as the plugin reads the file (:meth:`pytest_zero3.expectations.Expectation.covers`:
+    an entry with ``profiles`` applies under those only, one with ``when`` where the suite's config under
+    the profile has those values, an array where one of its tables applies)."""
     _imports()
     from pytest_zero3.fixtures import profiles
 
-    flat = profiles.suite_config(profile or profiles.DEFAULT, {}, 2)
-    return all(key in flat and flat[key] == value for key, value in when.items())
+    name = profile or profiles.DEFAULT
+    config = functools.partial(profiles.suite_config, name, {}, 2)  # asked only by a when
+    ids = [cid for cid, e in _expectations()[release].items() if e["expectation"].covers(name, None, config)]
+    contracts = _contracts()
+    return sorted(ids, key=lambda i: (_family_key(contracts[i].family) if i in contracts else (99, ""), i))
 
 
 def _and(items) -> str:

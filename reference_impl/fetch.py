@@ -16,14 +16,12 @@ latter: every element has one nonzero term, so the sum is exact in any dtype, an
 import torch
 
 
-def _dtypes(param) -> tuple:
-    """The dtype ``param``'s partition is stored in and the one it travels in (``get_allgather_dtype``
-    where the release has it: ``torch_autocast``'s dtype for a param it marked, else the stored one)."""
-    from deepspeed.runtime.zero import partition_parameters
-
+def _dtypes(param, travelling) -> tuple:
+    """The dtype ``param``'s partition is stored in and the one it travels in (``travelling``: the
+    release's ``get_allgather_dtype`` where it has it, ``torch_autocast``'s dtype for a param it marked,
+    else the stored one)."""
     stored = param.ds_tensor.dtype
-    fetched = getattr(partition_parameters, "get_allgather_dtype", None)
-    return stored, (fetched(param, param.ds_tensor) if fetched is not None else stored)
+    return stored, (travelling(param, param.ds_tensor) if travelling is not None else stored)
 
 
 def by_dtypes(init, gather):
@@ -31,6 +29,9 @@ def by_dtypes(init, gather):
     fetch: a fetch whose params all travel in their stored dtype, one of it, goes to stock; otherwise one
     handle per (stored, travelling) dtype pair, in the same order on every rank: stock's where the two are
     the same, :func:`all_reduce_in` where they differ."""
+    from deepspeed.runtime.zero import partition_parameters
+
+    travelling = getattr(partition_parameters, "get_allgather_dtype", None)  # looked up once, not per fetch
 
     def all_gather_coalesced(params, safe_mode=False, quantize=False):
         params = list(params)
@@ -38,11 +39,9 @@ def by_dtypes(init, gather):
             return gather(params, safe_mode=safe_mode, quantize=quantize)
         groups: dict = {}
         for p in params:
-            groups.setdefault(_dtypes(p), []).append(p)
+            groups.setdefault(_dtypes(p, travelling), []).append(p)
         if len(groups) == 1 and next(iter(groups))[0] == next(iter(groups))[1]:
             return gather(params, safe_mode=safe_mode)
-        from deepspeed.runtime.zero.partition_parameters import MultipleAllGatherHandles
-
         handles = []
         for (stored, fetched), members in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
             cast = fetched != stored and members[0].ds_secondary_tensor is None  # hpZ's secondary: all-gathered
@@ -51,7 +50,7 @@ def by_dtypes(init, gather):
                 handles.append(all_reduce_in(init, members, fetched, safe_mode))
             else:
                 handles.append(gather(members, safe_mode=safe_mode))
-        return MultipleAllGatherHandles(handles)
+        return partition_parameters.MultipleAllGatherHandles(handles)
 
     return all_gather_coalesced
 
