@@ -649,3 +649,28 @@ def test_a_recompute_releasing_a_persistent_param_is_legal_under_its_relaxation_
         ("rule-a", 0, 4, ("recompute-releases-claimed",)),
         ("rule-a", 2, 4, ()),
     ], found
+
+
+def test_an_entry_explains_a_combination_of_known_behaviours_only_where_it_names_all_of_them():
+    """Why (issue 53, item 2): a violation legal only under several relaxations together was labelled with
+    all of them joined, and an entry whose pattern found one name in the label explained it.  0.19.8's
+    entries explain a label only where one of its alternatives is made of relaxations the entry names."""
+    from pathlib import Path
+
+    from pytest_zero3 import expectations
+
+    listed = expectations.load(Path(__file__).parents[1] / "conformance" / "expectations" / "deepspeed-0.19.8.toml")
+
+    def line(*legal_under: str) -> str:
+        detail = "is AVAILABLE; must be partitioned"
+        return str(r.Violation("rule-b", 1, 3, "end of forward of 'l0'", "w0", detail, "l0", legal_under=legal_under))
+
+    rule_b, zoo_a = listed["rule-b"], listed["zoo-a"]
+    assert rule_b.explains(line("prefetch-skip-retention"))
+    assert rule_b.explains(line("prefetch-skip-retention + live-count-reset"))  # both named by rule-b's entry
+    assert rule_b.explains(line("recompute-releases-claimed", "release-cache + reuse-scan-leaf-flag"))
+    assert not rule_b.explains(line("prefetch-skip-retention + recompute-releases-claimed"))
+    assert not rule_b.explains(line(" + ".join(r.RELAXATIONS)))  # all of them together: more than it names
+    assert not rule_b.explains(line())  # legal under none
+    assert zoo_a.explains(line("prefetch-skip-retention"))
+    assert not zoo_a.explains(line("prefetch-skip-retention + release-cache"))
