@@ -525,6 +525,21 @@ BREAK_MODULE_STATE_TRAINABLE_ONLY = (
 )
 
 
+#: The all-reduce fetch's flat buffer taken uninitialised (``torch.empty`` for ``torch.zeros``: "every slot
+#: is written anyway"), where each rank writes only its own partition and the all-reduce sums the rest:
+#: whatever memory held is summed into every fetched param.  Reached only where a config turns the
+#: all-reduce fetch on: under draw 1 (torch_autocast with it), behind 0.19.8's entries for bug 25 in
+#: base-d and 007-e, whose gradients already differ from the twin's by a bf16 ulp.  Poisoned memory makes
+#: it NaN every run.
+BREAK_ALLREDUCE_FETCH_UNINITIALISED = (
+    "runtime/zero/partition_parameters.py",
+    "                flat_tensor = torch.zeros(flat_buffer_size,\n"
+    "                                          dtype=get_only_unique_item(p.ds_tensor.dtype for p in params),",
+    "                flat_tensor = torch.empty(flat_buffer_size,\n"
+    "                                          dtype=get_only_unique_item(p.ds_tensor.dtype for p in params),",
+)
+
+
 #: name -> (edit, the listed contracts it fails behind their known failures (measured), what else the run
 #: needs: the selection is those contracts; the offloaded one builds DeepSpeedCPUAdam for the fork's
 #: path in its forkserver, minutes on a loaded machine).
@@ -569,4 +584,9 @@ KNOWN_BADS = {
     "offload_bounds_guard": (BREAK_OFFLOAD_BOUNDS_GUARD, ("seq-a",), ()),
     "modifier_persistent": (BREAK_MODIFIER_PERSISTENT, ("seq-a",), ()),
     "module_state_trainable_only": (BREAK_MODULE_STATE_TRAINABLE_ONLY, ("seq-a",), ()),
+    "allreduce_fetch_uninitialised": (
+        BREAK_ALLREDUCE_FETCH_UNINITIALISED,
+        ("base-d", "007-e"),
+        ("--zero3-config=draw:1",),
+    ),
 }
