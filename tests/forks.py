@@ -525,6 +525,19 @@ BREAK_MODULE_STATE_TRAINABLE_ONLY = (
 )
 
 
+#: The optimizer step no longer re-gathers the persistent params (``_post_step``: "the next fetch gathers
+#: them anyway").  On 0.19.8 that re-gather is what hides bug 12 at one micro-batch per step: the persistent
+#: params released while the first trace is recorded stay partitioned after step 0.  base-e's entry
+#: explained "after step 0" in any config while it listed the accumulation window's case by the same text.
+BREAK_POST_STEP_REGATHER = (
+    "runtime/zero/stage3.py",
+    "        #Gathering persisting parameters\n"
+    "        if len(self.persistent_parameters) > 0:\n"
+    "            self.persistent_parameters[0].all_gather(self.persistent_parameters)\n",
+    "",
+)
+
+
 #: The all-reduce fetch's flat buffer taken uninitialised (``torch.empty`` for ``torch.zeros``: "every slot
 #: is written anyway"), where each rank writes only its own partition and the all-reduce sums the rest:
 #: whatever memory held is summed into every fetched param.  Reached only where a config turns the
@@ -584,6 +597,7 @@ KNOWN_BADS = {
     "offload_bounds_guard": (BREAK_OFFLOAD_BOUNDS_GUARD, ("seq-a",), ()),
     "modifier_persistent": (BREAK_MODIFIER_PERSISTENT, ("seq-a",), ()),
     "module_state_trainable_only": (BREAK_MODULE_STATE_TRAINABLE_ONLY, ("seq-a",), ()),
+    "post_step_regather": (BREAK_POST_STEP_REGATHER, ("base-e",), ()),
     "allreduce_fetch_uninitialised": (
         BREAK_ALLREDUCE_FETCH_UNINITIALISED,
         ("base-d", "007-e"),
