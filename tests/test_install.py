@@ -156,6 +156,18 @@ def test_wheel_adds_only_pytest_zero3(tmp_path):
         "pytest_zero3/py.typed",
     ):
         assert needed in names, f"{needed} missing from the wheel"
+    # Every module of the checkout ships: a subpackage left out of pyproject.toml's packages broke the
+    # installed suite at collection (fixtures/seq, the seq family's, found by the release matrix).
+    for top, into in (
+        ("pytest_zero3", ""),
+        ("conformance", "conformance/"),
+        ("fixtures", "fixtures/"),
+        ("reference_impl", "reference_impl/"),
+    ):
+        for path in (ROOT / top).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                shipped = "pytest_zero3/" + into + path.relative_to(ROOT / top).as_posix()
+                assert shipped in names, f"{shipped} missing from the wheel: list its package in pyproject.toml"
     # One version source: the wheel's version is pytest_zero3.__version__, its dependencies declared.
     import pytest_zero3
 
