@@ -307,8 +307,11 @@ def test_shipped_expectations_pin_a_cause_for_every_measured_failure():
     messages = {}
     for section in re.split(r"^## deepspeed ", text, flags=re.M)[1:]:
         release = section.split("\n", 1)[0]
-        for m in re.finditer(r"\*\*[\d.]+ · `([^`]+)` FAIL\*\*.*?```\n(.*?)```", section, re.S):
-            messages[release, m.group(1)] = m.group(2)
+        for m in re.finditer(r"\*\*[\d.]+ · `([^`]+)` FAIL\*\*(.*?)```\n(.*?)```", section, re.S):
+            # a failure the file explained (a FAIL it did not has no cause yet); a rank's death keeps its
+            # cause in the rank's output, which the page does not show
+            if "Known failure:" in m.group(2) and not re.match(r"rank \d+ died", m.group(3)):
+                messages[release, m.group(1)] = m.group(3)
     for path in sorted((ROOT / "conformance" / "expectations").glob("deepspeed-*.toml")):
         release = path.stem.split("-", 1)[1]
         for cid, exp in expectations.load(path).items():
