@@ -674,3 +674,37 @@ def test_an_entry_explains_a_combination_of_known_behaviours_only_where_it_names
     assert not rule_b.explains(line())  # legal under none
     assert zoo_a.explains(line("prefetch-skip-retention"))
     assert not zoo_a.explains(line("prefetch-skip-retention + release-cache"))
+
+
+def test_a_violation_two_known_behaviours_explain_only_together_is_labelled_with_the_pair():
+    """``judge`` tries each relaxation alone, then each pair: 0.19.8's live-count reset (prefetch's budget
+    larger by what was gathered at the step's start, here the persistent ``p1`` and ``p2``) lets L1's
+    prefetch walk past w1's backward use, and the retention (PR 9003's bug) then keeps w1 at L1's end for
+    that use.  Neither alone keeps it: without the reset the budget is spent and the walk stops before
+    the use; without the retention nothing keeps what a walk passed.  The violation is legal under the
+    pair and under neither of its halves; the prefetches the reset alone allows are labelled with it
+    alone.  With nothing gathered at the step's start the reset adds nothing, and no label is found."""
+    numel = {"w0": 30, "p1": 20, "p2": 20, "w1": 30, "w2": 30}
+    layer0 = ("w0", "p1", "p2")
+    events = []
+    for module, params in (("L0", layer0), ("L1", ("w1",)), ("L2", ("w2",))):
+        events += [ev(FWD_PRE, module, params=params), ev(FWD_POST, module, params=params)]
+    for module, params in (("L2", ("w2",)), ("L1", ("w1",))):
+        events += [ev(BWD_PRE, module, params=params), ev(BWD_POST, module, params=params)]
+    events += [ev(BWD_PRE, "L0", params=layer0), ev(END)]
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=1000, max_live=70, persistence_threshold=20)
+    assert cfg.persistent == {"p1", "p2"}
+    p = "p1 p2 "
+    recorded = step(events, [p + s for s in ("w0", "", "w1", "", "w2", "", "w2", "", "w1", "", "w0", "")], numel)
+    both_bugs = ("w0 w1~ w2~", "w1~ w2~", "w1 w2~ w0~", "w1 w2~ w0~", "w1 w2 w0~", "w1 w0~", "w1 w2 w0~", "w1 w0~")
+    kept = step(events, [p + s for s in (*both_bugs, "w1 w0~", "w0~", "w0", "")], numel)
+    at_start = {n: r.AVAILABLE if n in ("p1", "p2") else r.NOT_AVAILABLE for n in numel}
+    steps = [dataclass_replace(s, start=at_start) for s in (recorded, kept)]
+    found = r.judge(cfg, steps)
+    assert [(v.rule, v.event, v.param, v.legal_under) for v in found] == [
+        ("rule-d", 0, "w1", ("live-count-reset",)),
+        ("rule-d", 0, "w2", ("live-count-reset",)),
+        ("rule-d", 2, "w0", ("live-count-reset",)),
+        ("rule-b", 3, "w1", ("prefetch-skip-retention + live-count-reset",)),
+    ]
+    assert all(not v.legal_under for v in r.judge(cfg, [recorded, kept]))  # nothing gathered at the start
