@@ -708,3 +708,33 @@ def test_a_violation_two_known_behaviours_explain_only_together_is_labelled_with
         ("rule-b", 3, "w1", ("prefetch-skip-retention + live-count-reset",)),
     ]
     assert all(not v.legal_under for v in r.judge(cfg, [recorded, kept]))  # nothing gathered at the start
+
+
+def test_a_recompute_frozen_param_released_by_its_own_modules_is_legal_under_its_relaxation_only():
+    """DeepSpeed before PR 8148 (0.19.3; the bug of 002-a) has no ``ds_recompute_parameters``: a reentrant
+    recompute of the frozen block B partitions C's frozen ``c`` at its end, C's own backward gathers and
+    releases it, while B's backward still runs (measured on 0.18.9: rule-a's drawn example 20 of 0.17.6's
+    matrix, shrunk). The rules keep ``c`` until B's backward ends; each early release is legal under
+    ``recompute-frozen-unattributed``, the recompute's end under 0.19.8's ``recompute-releases-claimed``
+    too.  A coordinator that also skips C's own gather (a second bug) is not explained there."""
+    numel = {"c": N, "t": N}
+    events = [ev(FWD_PRE, "B", params=[]), ev(FWD_PRE, "C", params=["c"]), ev(FWD_POST, "C", params=["c"])]
+    events += [ev(FWD_POST, "B", params=[]), ev(FWD_PRE, "T", params=["t"]), ev(FWD_POST, "T", params=["t"])]
+    events += [ev(BWD_PRE, "T", params=["t"]), ev(BWD_POST, "T", params=["t"]), ev(BWD_PRE, "B", params=[])]
+    events += [ev(FWD_PRE, "B", True, []), ev(FWD_PRE, "C", True, ["c"]), ev(FWD_POST, "C", True, ["c"])]
+    events += [ev(FWD_POST, "B", True, []), ev(BWD_PRE, "C", params=["c"]), ev(BWD_POST, "C", params=["c"])]
+    events += [ev(BWD_POST, "B", params=[]), ev(END)]
+    cfg = r.Config(numel, reuse_distance=0, prefetch_bucket=0, persistence_threshold=0, frozen=frozenset({"c"}))
+    fixed = ["", "c", "", "", "t", "", "t", "", "", "", "c", "c", "c", "c", "c", "", ""]
+    assert r.judge(cfg, [step(events, fixed, numel)] * 2) == []
+    before_8148 = ["", "c", "", "", "t", "", "t", "", "", "", "c", "", "", "c", "", "", ""]
+    found = r.judge(cfg, [step(events, before_8148, numel)])
+    both = ("recompute-releases-claimed", "recompute-frozen-unattributed")
+    assert [(v.rule, v.event, v.param, v.legal_under) for v in found] == [
+        ("rule-a", 11, "c", both),
+        ("rule-a", 12, "c", both),
+        ("rule-a", 14, "c", ("recompute-frozen-unattributed",)),
+    ]
+    not_gathered = [s if i != 13 else "" for i, s in enumerate(before_8148)]
+    found = r.judge(cfg, [step(events, not_gathered, numel)])
+    assert [(v.event, v.legal_under) for v in found if not v.legal_under] == [(13, ())]
