@@ -228,13 +228,13 @@ def test_a_worker_collects_the_heaviest_worlds_first_and_the_batch_readers_last(
         Item("zoo-a"),
         Item("000-b"),
         Item("rule-c"),
-        Item("007-b", "compile"),
+        Item("007-c", "compile"),
     ]
     ordered = suite.dispatch_order(items, world_size=2)
     assert [(i.cid, i.callspec.params["zero3_profile"]) for i in ordered] == [
         ("rule-a", "fp32"),
         ("000-a", "compile"),
-        ("007-b", "compile"),
+        ("007-c", "compile"),
         ("008-f", "hpz"),
         ("zoo-a", "fp32"),
         ("000-a", "fp32"),
