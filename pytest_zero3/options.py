@@ -259,8 +259,9 @@ OPTIONS: tuple[Option, ...] = (
         _on_off("--zero3-poison"),
         True,
         "Fill the memory torch leaves uninitialised with NaN (integers with their largest value) in every "
-        "rank, so a bug that reads padding or an unwritten buffer fails every run, not by the allocator's "
-        "luck: on (default) or off.",
+        "rank, and an async gloo all-gather's output until its own handle is waited on, so a bug that "
+        "reads padding, an unwritten buffer or an unfinished gather fails every run, not by luck: on "
+        "(default) or off.",
         metavar="on|off",
         bare=True,
         ini_type="bool",
