@@ -38,8 +38,9 @@ def gathers_waited_in_turn():
 def test_a_gather_reads_poison_until_its_own_handle_is_waited(zero3_world):
     """Why: 0.19.3's coalesced gather waited on its last handle only (DeepSpeed PR 8539); its other params
     read whatever memory held in the runs gloo's timing was against it (a norm weight at 2.2e10 in one
-    zoo run of three).  Waiting on the second gather must leave the first one's output poisoned, the
-    rank's own chunk as it was (gathered in place), the integer one whole; the first's wait lands it; a synchronous gather is untouched."""
+    zoo run of three).  Waiting on the second gather must leave the first one's output poisoned (the
+    rank's own chunk as it was: gathered in place) and the integer one whole; the first's wait lands it;
+    a synchronous gather is untouched."""
     for r, (own_chunk, (first_before, second_before), first_after, sync) in enumerate(
         zero3_world.run(gathers_waited_in_turn)
     ):
