@@ -73,9 +73,61 @@ def _load_all() -> None:
 def _load_torch(job: Job) -> None:
     """A zygote's load (:mod:`pytest_zero3.zygote`): what every rank forkserver needs but deepspeed."""
     _stack_on_signal(job)
+    answer = _ask_cpuinfo()
     _import_all((*BASE, *TORCH))
+    _keep_cpuinfo(answer)
     gc.collect()
     gc.freeze()
+
+
+def _ask_cpuinfo():
+    """Start py-cpuinfo's probe, the subprocess its ``get_cpu_info()`` starts and waits for (about 1 s of
+    CPU), beside a zygote's or a forkserver's imports; None where py-cpuinfo is missing or the answer
+    was inherited (a forkserver forked from a zygote).
+
+    Why: DeepSpeed asks it in every forkserver that loads DeepSpeedCPUAdam (``fixtures/cpu_adam_op.py``)
+    and at each op build's CPU check, and the first forkserver of a run asked it on the run's critical
+    path, while the zygote's imports had left a core idle (sampled every 0.25 s: 0.8 s with only the
+    probe running).  Run here, it overlaps the imports, and every process forked from here inherits the
+    answer."""
+    import subprocess
+
+    try:
+        import cpuinfo.cpuinfo as probe
+    except ImportError:
+        return None
+    if getattr(sys.modules["cpuinfo"].get_cpu_info, "kept_by_zero3", False):
+        return None
+    # py-cpuinfo's own command and pipes (get_cpu_info_json), started early
+    cmd = [sys.executable, probe.__file__, "--json"]
+    try:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+    except OSError:
+        return None
+
+
+def _keep_cpuinfo(answer) -> None:
+    """Make ``cpuinfo.get_cpu_info()`` return what :func:`_ask_cpuinfo`'s probe printed, as py-cpuinfo
+    parses it (a fresh copy per call); a probe that failed leaves py-cpuinfo to ask again itself."""
+    if answer is None:
+        return
+    import copy
+    import json
+
+    import cpuinfo
+    from cpuinfo import cpuinfo as probe
+
+    out = answer.communicate()[0]
+    if answer.returncode != 0:
+        return
+    info = json.loads(out.decode("UTF-8"), object_hook=probe._utf_to_str)
+
+    def get_cpu_info() -> dict:
+        return copy.deepcopy(info)
+
+    get_cpu_info.kept_by_zero3 = True  # type: ignore[attr-defined]
+    cpuinfo.get_cpu_info = get_cpu_info  # DeepSpeed imports the name when it asks
+    probe.get_cpu_info = get_cpu_info
 
 
 def _import_all(names) -> None:
@@ -102,7 +154,9 @@ def load(job: Job) -> None:
     # The user's preloads first: one that blocks (a stale build lock) shows in the stack at once, and
     # each imports what it needs of torch itself.
     impl.loading = job.spec
+    answer = _ask_cpuinfo()
     _import_all((*job.preload, *BASE, *DEEPSPEED))
+    _keep_cpuinfo(answer)
     dsops.probe()
     dsops.skip_cpu_shm_comm_op()
     if job.spec.kind in ("reference", "class"):

@@ -46,6 +46,37 @@ def test_deepspeed_cpu_accelerator_counts_every_rank(zero3_world):
     assert zero3_world.run(deepspeed_sees_world) == [(2, "cpu"), (2, "cpu")]
 
 
+def ask_cpuinfo():
+    """py-cpuinfo's answer in a rank, and the subprocesses asking it started (none: the zygote asked it)."""
+    import subprocess
+
+    import cpuinfo
+
+    started = []
+    real = subprocess.Popen
+
+    class Counting(real):  # py-cpuinfo imports Popen from subprocess when it asks
+        def __init__(self, args, *rest, **kwargs):
+            started.append(args)
+            super().__init__(args, *rest, **kwargs)
+
+    subprocess.Popen = Counting
+    try:
+        info = cpuinfo.get_cpu_info()
+    finally:
+        subprocess.Popen = real
+    return started, {k: info.get(k) for k in ("arch", "vendor_id_raw", "brand_raw", "count")}
+
+
+def test_ranks_reuse_the_zygotes_cpuinfo_answer(zero3_world):
+    """Why: py-cpuinfo starts a Python subprocess per question (about 1 s of CPU); DeepSpeed asks it for
+    DeepSpeedCPUAdam and its op builds.  The zygote, or a forkserver started without one (this test's),
+    asks it once beside its imports."""
+    cpuinfo = pytest.importorskip("cpuinfo")
+    want = {k: cpuinfo.get_cpu_info().get(k) for k in ("arch", "vendor_id_raw", "brand_raw", "count")}
+    assert zero3_world.run(ask_cpuinfo) == [([], want), ([], want)]
+
+
 def raise_on_rank_one():
     if scenario.rank() == 1:
         raise ValueError("rank one broke")
