@@ -373,7 +373,8 @@ WHOLE_SUITE_FORKS = {
     # no other contract saves a 16-bit model without its frozen params
     "keep-frozen": (
         KEEP_FROZEN_IN_16BIT,
-        "test_contract[008-i-16bit]",
+        # and the seq family's first anchor, which exports with exclude_frozen_parameters too
+        ("test_contract[008-i-16bit]", "test_seq"),
         "has norm.weight, which it should leave out",
     ),
     # family 004 resumes with the saved schedule (the default)
