@@ -391,7 +391,7 @@ class CauseMismatch(Failed):
         #: How many problems the failure has, explained or not.
         self.judged = len(every)
         if self.behind:
-            shown = "\n".join("  " + _one_line(p) for p in self.unexplained[:SHOWN])
+            shown = "\n".join("  " + one_line(p) for p in self.unexplained[:SHOWN])
             more = f"\n  ... {len(self.unexplained) - SHOWN} more" if len(self.unexplained) > SHOWN else ""
             text = (
                 f"behind the known failure of {cid} ({expectation.reason}): {len(self.unexplained)} of "
@@ -414,14 +414,14 @@ class CauseMismatch(Failed):
     @property
     def first_unexplained(self) -> str:
         """The first problem the entry does not explain, on one line."""
-        return _one_line(self.unexplained[0]) if self.unexplained else ""
+        return one_line(self.unexplained[0]) if self.unexplained else ""
 
 
-#: Unexplained problems a CauseMismatch shows before "... N more".
+#: Unexplained problems a CauseMismatch shows before "... N more" (the JSON report lists them all).
 SHOWN = 12
 
 
-def _one_line(problem: str) -> str:
+def one_line(problem: str) -> str:
     """A problem's text on one line: its lines joined, the indentation dropped."""
     return " ".join(line.strip() for line in problem.splitlines() if line.strip())
 

@@ -259,6 +259,7 @@ class Report:
         identity: dict = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.WORLD_ERROR)
         judged, explained = problem_counts(call, expected) if failed else (0, 0)
+        unexplained = unexplained_problems(call, expected) if status in (Outcome.FAIL, Outcome.WORLD_ERROR) else []
         rep.zero3 = dict(
             id=cid,
             statement=statement,
@@ -267,6 +268,7 @@ class Report:
             problems=failure_problems(call) if failed else [],
             judged=judged,
             explained=explained,
+            unexplained=unexplained,
             message=message if failed else "",
             expected_cause=expected.cause if expected else "",
             ranks=ranks if failed else [],
@@ -292,6 +294,7 @@ class Report:
         row["tests"].append(rep.nodeid)
         row["problems"] += [k for k in data.get("problems", []) if k not in row["problems"]]
         row["judged"] += data.get("judged", 0)
+        row["unexplained"] += [u for u in data.get("unexplained", []) if u not in row["unexplained"]]
         row["explained"] += data.get("explained", 0)
         if SEVERITY.index(status) < SEVERITY.index(Outcome(row["outcome"])) or len(row["tests"]) == 1:
             row.update(
@@ -542,6 +545,17 @@ def problem_counts(call, expected) -> tuple[int, int]:
     return len(found), (len(found) - len(expected.unexplained(cause))) if expected is not None else 0
 
 
+def unexplained_problems(call, expected) -> list[str]:
+    """The problems of a failed test that its contract's entry does not explain (all of them where it
+    has none), one line each: what an expectations entry still has to name, where the failure's own
+    text shows only the first :data:`~pytest_zero3.expectations.SHOWN`."""
+    cause = _judged_cause(call)
+    if cause is None:
+        return []
+    found = expected.unexplained(cause) if expected is not None else expectations.problems(cause)
+    return [expectations.one_line(p) for p in found]
+
+
 def problems_line(counts: dict) -> str:
     """The run's judgement in one line: problems judged one by one, and how many a known failure explains."""
     judged, explained = counts.get("problems_judged", 0), counts.get("problems_explained", 0)
@@ -622,6 +636,7 @@ def _row(cid: str, statement: str, outcome: str = Outcome.PASS.value, reason: st
         problems=[],
         judged=0,
         explained=0,
+        unexplained=[],
     )
 
 

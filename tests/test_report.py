@@ -46,6 +46,9 @@ def test_table_json_markdown_and_junit(run_pytest, tmp_path):
     rows = {c["id"]: c for c in doc["contracts"]}
     assert rows["900-b"]["family"] == "900" and rows["900-b"]["statement"] == "every rank is rank zero"
     assert (rows["900-b"]["judged"], rows["900-b"]["explained"], rows["900-a"]["judged"]) == (2, 0, 0)
+    # with no entry every problem is unexplained, each on one line, all of them listed
+    assert len(rows["900-b"]["unexplained"]) == 2 and rows["900-a"]["unexplained"] == []
+    assert all("rank is not 0" in u and "\n" not in u for u in rows["900-b"]["unexplained"])
     assert {r["rank"] for r in rows["900-b"]["ranks"]} == {0, 1}
     assert "rank is not 0" in rows["900-b"]["ranks"][0]["message"]
     assert rows["901-a"]["outcome"] == "unsupported" and "stage3_adaptive" in rows["901-a"]["reason"]
@@ -117,6 +120,7 @@ def test_a_listed_contract_failing_for_another_cause_fails(run_pytest, tmp_path)
     row = run.report["contracts"][0]
     assert row["outcome"] == "fail" and row["expected_cause"] == "matches 'engines still alive'"
     assert "expected: it matches 'engines still alive'; got: rank 0 raised: AssertionError: [rank 1]" in row["reason"]
+    assert len(row["unexplained"]) == 2 and all("rank is not 0" in u for u in row["unexplained"])
     assert (
         "900-b is listed in --zero3-expect as failing because it matches 'engines still alive' (a leak), but it "
         "failed for another cause (above): rank 0 raised: AssertionError: [rank 1] rank is not 0" in run.stdout
