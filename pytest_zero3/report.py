@@ -258,8 +258,7 @@ class Report:
                 break
         identity: dict = next((o.identity for outs in item.stash.get(_OUTCOMES, []) for o in outs if o.identity), {})
         failed = status in (Outcome.FAIL, Outcome.KNOWN_FAILURE, Outcome.WORLD_ERROR)
-        judged, explained = problem_counts(call, expected) if failed else (0, 0)
-        unexplained = unexplained_problems(call, expected) if status in (Outcome.FAIL, Outcome.WORLD_ERROR) else []
+        judged, unexplained = judged_problems(call, expected) if failed else (0, [])
         rep.zero3 = dict(
             id=cid,
             statement=statement,
@@ -267,7 +266,7 @@ class Report:
             reason=reason,
             problems=failure_problems(call) if failed else [],
             judged=judged,
-            explained=explained,
+            explained=judged - len(unexplained),
             unexplained=unexplained,
             message=message if failed else "",
             expected_cause=expected.cause if expected else "",
@@ -535,25 +534,17 @@ def _judged_cause(call) -> BaseException | None:
     return cause
 
 
-def problem_counts(call, expected) -> tuple[int, int]:
-    """``(judged, explained)`` of a failed test: its problems, each judged apart against the contract's
-    entry (``expectations.problems``), and how many of them the entry explains (the known failure's own)."""
+def judged_problems(call, expected) -> tuple[int, list[str]]:
+    """``(judged, unexplained)`` of a failed test: how many problems it has, each judged apart against
+    the contract's entry (``expectations.problems``), and those the entry does not explain (all of them
+    where it has none), one line each: what an entry still has to name, where the failure's own text
+    shows only the first :data:`~pytest_zero3.expectations.SHOWN`."""
     cause = _judged_cause(call)
     if cause is None:
-        return 0, 0
+        return 0, []
     found = expectations.problems(cause)
-    return len(found), (len(found) - len(expected.unexplained(cause))) if expected is not None else 0
-
-
-def unexplained_problems(call, expected) -> list[str]:
-    """The problems of a failed test that its contract's entry does not explain (all of them where it
-    has none), one line each: what an expectations entry still has to name, where the failure's own
-    text shows only the first :data:`~pytest_zero3.expectations.SHOWN`."""
-    cause = _judged_cause(call)
-    if cause is None:
-        return []
-    found = expected.unexplained(cause) if expected is not None else expectations.problems(cause)
-    return [expectations.one_line(p) for p in found]
+    left = expected.unexplained(cause) if expected is not None else found
+    return len(found), [expectations.one_line(p) for p in left]
 
 
 def problems_line(counts: dict) -> str:

@@ -47,7 +47,7 @@ def test_deepspeed_cpu_accelerator_counts_every_rank(zero3_world):
 
 
 def ask_cpuinfo():
-    """py-cpuinfo's answer in a rank, and the subprocesses asking it started (none: the zygote asked it)."""
+    """py-cpuinfo's answer in a rank, and the subprocesses asking it started (none: its forkserver or zygote asked it)."""
     import subprocess
 
     import cpuinfo
@@ -68,7 +68,7 @@ def ask_cpuinfo():
     return started, {k: info.get(k) for k in ("arch", "vendor_id_raw", "brand_raw", "count")}
 
 
-def test_ranks_reuse_the_zygotes_cpuinfo_answer(zero3_world):
+def test_ranks_reuse_the_forkservers_cpuinfo_answer(zero3_world):
     """Why: py-cpuinfo starts a Python subprocess per question (about 1 s of CPU); DeepSpeed asks it for
     DeepSpeedCPUAdam and its op builds.  The zygote, or a forkserver started without one (this test's),
     asks it once beside its imports."""
