@@ -26,7 +26,7 @@ def test_the_draw_is_derandomised_and_follows_the_seed():
 def test_a_week_of_date_seeds_draws_every_pair_and_each_day_replays_by_its_number():
     """Why (issue 54, item 3): CI judges one fixed draw; a nightly ``--zero3-seed=date`` draws anew each
     day, and over a week of them (Monday to Sunday) the default budget reaches every pair the space
-    allows, each day's draw the one its printed number replays."""
+    allows (a budget of 64 all of them in one run), each day's draw the one its printed number replays."""
     import datetime
 
     today = options._seed("date")
@@ -49,6 +49,8 @@ def test_a_week_of_date_seeds_draws_every_pair_and_each_day_replays_by_its_numbe
         assert sum(v["drawn"] for v in one_day.values()) < allowed
         space.week_plan.cache_clear()
         assert space.draw_examples(n, seeds[3]) == days[3]  # replayed from its number alone
+        whole = space.draw_examples(64, seeds[3])  # a nightly budget: the whole plan in one run
+        assert sum(v["drawn"] for v in space.coverage(anchors + whole).values()) == allowed
     assert space.day_share(12345) == [] and space.date_of(20261232) is None  # any other seed: drawn only
 
 
