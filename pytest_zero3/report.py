@@ -726,11 +726,17 @@ def surface_line(covered: dict, gaps_shown: int | None = None) -> str:
 
 
 def pairs_line(pairs: dict) -> str:
-    """One line: the pairs the seq family drew of each kind, against all the space allows (issue 54)."""
+    """One line: the pairs the seq family drew of each kind, against all the space allows (issue 54), and
+    how to draw the rest where some are missing."""
     drawn = sum(v["drawn"] for v in pairs.values())
     allowed = sum(v["allowed"] for v in pairs.values())
     kinds = ", ".join(f"{kind} {v['drawn']}/{v['allowed']}" for kind, v in pairs.items())
-    return f"pairs drawn (seq family): {drawn} of {allowed} ({kinds}); --zero3-examples=N draws more"
+    more = (
+        "; --zero3-examples=N draws more (with --zero3-seed=date, a week of runs or N=64 in one draws all)"
+        if drawn < allowed
+        else ""
+    )
+    return f"pairs drawn (seq family): {drawn} of {allowed} ({kinds}){more}"
 
 
 def verdict_line(rows, spec: str) -> str:
